@@ -1,0 +1,1 @@
+"""QForge: an event-sourced job queue and DAG workflow orchestrator on PostgreSQL."""

@@ -1,0 +1,197 @@
+"""The ``qforge`` command line: one table of subcommands, each run lazily from its own module."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Callable, Sequence
+
+Handler = Callable[[argparse.Namespace], "int | None"]
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """A ``qforge <name>`` command: its arguments and the function that runs it.
+
+    ``target`` is ``"package.module:function"``, imported only when that
+    command runs, so a missing or broken module never breaks the others. The
+    function takes the parsed namespace (``args.database_url`` included) and
+    returns an exit code or None.
+    """
+
+    name: str
+    help: str
+    target: str
+    add_arguments: Callable[[argparse.ArgumentParser], None] = lambda parser: None
+
+
+def split_csv(value: str | None) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``: how --queues and --tasks are meant to be read."""
+    return [item.strip() for item in (value or "").split(",") if item.strip()]
+
+
+# ---------------------------------------------------------------------------
+# Arguments of each subcommand (CONTRACT §1). Defaults of None for --host and
+# --port are filled from the settings after parsing, so handlers always see
+# concrete values.
+
+
+def _worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--queues", default="default", help="comma-separated queues to take jobs from")
+    parser.add_argument("--concurrency", type=int, default=8, help="jobs run at once (default 8)")
+    parser.add_argument("--tasks", default="", help="comma-separated modules to import for their @task functions")
+    parser.add_argument("--name", default=None, help="worker name (default host-pid)")
+    parser.add_argument("--allow-shell", action="store_true", help="allow the shell task on this worker")
+
+
+def _api_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=None, help="address to listen on (default QFORGE_HOST, 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port to listen on (default QFORGE_PORT, 8090)")
+
+
+def _dev_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=None, help="API and dashboard port (default 8090)")
+
+
+def _iso_datetime(value: str) -> datetime:
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO-8601 time: {value!r}") from None
+
+
+def _replay_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--verify", action="store_true", help="diff the rebuild against the live tables; exit 1 on any difference"
+    )
+    as_of = parser.add_mutually_exclusive_group()
+    as_of.add_argument("--as-of", type=int, default=None, metavar="POSITION", help="rebuild up to this log position")
+    as_of.add_argument(
+        "--as-of-time", type=_iso_datetime, default=None, metavar="ISO", help="rebuild up to this time (a datetime)"
+    )
+
+
+def _demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api-url", default="http://127.0.0.1:8090", help="the running API to talk to")
+
+
+SUBCOMMANDS: list[Subcommand] = [
+    Subcommand("dev", "run everything on this machine: database, API + dashboard, monitor, workers",
+               "app.dev:cli_main", _dev_arguments),
+    Subcommand("migrate", "apply pending migrations (safe to run twice or concurrently)", "app.cli:migrate_main"),
+    Subcommand("api", "serve the HTTP API and the dashboard", "app.api.server:cli_main", _api_arguments),
+    Subcommand("worker", "run a worker pool", "app.workers.worker:cli_main", _worker_arguments),
+    Subcommand("monitor", "recover stale jobs, fire timers and trigger timeouts", "app.workers.monitor:cli_main"),
+    Subcommand("replay", "rebuild the projections from the event log", "app.projections.replay:cli_main",
+               _replay_arguments),
+    Subcommand("demo", "enqueue sample jobs and a DAG workflow against a running API", "app.demo:cli_main",
+               _demo_arguments),
+]
+
+
+# ---------------------------------------------------------------------------
+# Implemented here
+
+
+def migrate_main(args: argparse.Namespace) -> int:
+    """``qforge migrate``: print each applied file, or "up to date"."""
+    import psycopg
+
+    from app.db import EmbeddedPostgresError, connect, resolve_database_url
+    from app.migrate import migrate
+
+    try:
+        url = resolve_database_url(args.database_url)
+        with connect(url, autocommit=True) as conn:
+            applied = migrate(conn)
+    except (EmbeddedPostgresError, psycopg.OperationalError) as exc:
+        print(f"qforge migrate: {exc}", file=sys.stderr)
+        return 1
+    for name in applied:
+        print(f"applied {name}")
+    if not applied:
+        print("up to date")
+    return 0
+
+
+# ---------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # --database-url is accepted before or after the subcommand; SUPPRESS keeps
+    # the subparser from overwriting a value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--database-url",
+        default=argparse.SUPPRESS,
+        help="PostgreSQL URL (default QFORGE_DATABASE_URL, else the embedded server in ./.qforge)",
+    )
+    parser = argparse.ArgumentParser(
+        prog="qforge", description="Event-sourced job queue and DAG workflow orchestrator on PostgreSQL."
+    )
+    parser.add_argument("--database-url", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in SUBCOMMANDS:
+        sub = subparsers.add_parser(command.name, help=command.help, description=command.help, parents=[common])
+        command.add_arguments(sub)
+        sub.set_defaults(target=command.target)
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("qforge")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _fill_from_settings(args: argparse.Namespace) -> None:
+    if getattr(args, "host", "") is None or getattr(args, "port", 0) is None:
+        from app.settings import get_settings
+
+        settings = get_settings()
+        if getattr(args, "host", "") is None:
+            args.host = settings.host
+        if getattr(args, "port", 0) is None:
+            args.port = settings.port
+
+
+def _load(target: str) -> Handler | None:
+    module_name, _, function_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Only "the module itself (or its package) is missing" means "not built
+        # yet"; a missing third-party import inside it is a real error.
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            return None
+        raise
+    return getattr(module, function_name, None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _fill_from_settings(args)
+    handler = _load(args.target)
+    if handler is None:
+        print(
+            f"qforge {args.command}: not available in this build ({args.target} is missing)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        code = handler(args)
+    except KeyboardInterrupt:
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

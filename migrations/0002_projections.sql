@@ -1,0 +1,323 @@
+-- The read model: jobs (the queue and the workflow steps), workflows, tags.
+-- Rows here are only ever written by events_project() below, which folds the
+-- inserted events with job_apply/workflow_apply: the very functions replay uses.
+
+CREATE TABLE jobs (
+    id              uuid PRIMARY KEY,
+    version         integer     NOT NULL,
+    task            text        NOT NULL,
+    queue           text        NOT NULL,
+    status          text        NOT NULL,
+    priority        integer     NOT NULL,
+    attempts        integer     NOT NULL,
+    -- Attempts that do not count against max_retries (released by a stopping
+    -- worker, or spent before a manual retry). attempts itself only grows: it is
+    -- the fencing token.
+    free_attempts   integer     NOT NULL,
+    max_retries     integer     NOT NULL,
+    run_at          timestamptz NOT NULL,
+    timeout_seconds double precision,
+    payload         jsonb       NOT NULL,
+    result          jsonb,
+    last_error      text,
+    tags            jsonb       NOT NULL,
+    idempotency_key text,
+    workflow_id     uuid,
+    step            text,
+    step_type       text,
+    depends_on      jsonb,
+    condition       jsonb,
+    on_failure      text,
+    sleep_seconds   double precision,
+    worker          text,
+    heartbeat_at    timestamptz,
+    started_at      timestamptz,
+    finished_at     timestamptz,
+    created_at      timestamptz NOT NULL,
+    updated_at      timestamptz NOT NULL
+);
+
+-- Only pending rows enter the claim index, ordered as the claim orders, so a
+-- claim is a short index range scan whatever the size of the history.
+CREATE INDEX jobs_claim ON jobs (queue, priority DESC, run_at, id) WHERE status = 'pending';
+CREATE INDEX jobs_running ON jobs (id) WHERE status = 'running';
+CREATE INDEX jobs_waiting ON jobs (run_at) WHERE status = 'waiting';
+CREATE INDEX jobs_workflow ON jobs (workflow_id) WHERE workflow_id IS NOT NULL;
+CREATE INDEX jobs_queue_status ON jobs (queue, status);
+CREATE INDEX jobs_created ON jobs (created_at, id);
+CREATE UNIQUE INDEX jobs_idempotency ON jobs (idempotency_key) WHERE idempotency_key IS NOT NULL;
+
+CREATE TABLE workflows (
+    id              uuid PRIMARY KEY,
+    version         integer     NOT NULL,
+    name            text        NOT NULL,
+    status          text        NOT NULL,
+    tags            jsonb       NOT NULL,
+    idempotency_key text,
+    external_id     text,
+    definition      jsonb       NOT NULL,
+    error           text,
+    created_at      timestamptz NOT NULL,
+    updated_at      timestamptz NOT NULL,
+    finished_at     timestamptz
+);
+CREATE UNIQUE INDEX workflows_external_id ON workflows (external_id) WHERE external_id IS NOT NULL;
+CREATE INDEX workflows_created ON workflows (created_at, id);
+
+-- Tags never change after creation, so tag search is an insert-only table with
+-- a plain btree: no per-transition index maintenance on the hot jobs rows.
+CREATE TABLE execution_tags (
+    key       text NOT NULL,
+    value     text NOT NULL,
+    kind      text NOT NULL,  -- 'job' | 'workflow'
+    id        uuid NOT NULL,
+    PRIMARY KEY (key, value, kind, id)
+);
+
+-- The state machine, read from state_transitions (see app/events/states.py).
+CREATE FUNCTION state_next(p_machine text, p_from text, p_event text, p_wanted text)
+RETURNS text LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    found_status text;
+    matches      integer;
+BEGIN
+    SELECT min(to_status), count(*) INTO found_status, matches
+      FROM state_transitions
+     WHERE machine = p_machine AND from_status = coalesce(p_from, '')
+       AND event_type = p_event AND (p_wanted IS NULL OR to_status = p_wanted);
+    IF matches <> 1 THEN
+        RAISE EXCEPTION 'illegal % transition: % on status "%" (wanted %)',
+            p_machine, p_event, coalesce(p_from, ''), coalesce(p_wanted, '-')
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN found_status;
+END $$;
+
+-- Guards used by the command statements: may an event of this type happen now?
+CREATE FUNCTION state_allows(p_machine text, p_from text, p_event text)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM state_transitions
+                    WHERE machine = p_machine AND from_status = p_from AND event_type = p_event)
+$$;
+
+-- Event schema evolution: old shapes are turned into the current one on read.
+-- Failed v1 carried {"attempt","message"}; v2 names why: {"attempt","reason","error"}.
+CREATE FUNCTION event_upcast(e events) RETURNS events LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF e.schema_version = 1 AND e.type = 'Failed' THEN
+        e.data := (e.data - 'message')
+            || jsonb_build_object('reason', coalesce(e.data ->> 'reason', 'error'),
+                                  'error', coalesce(e.data ->> 'error', e.data ->> 'message'));
+        e.schema_version := 2;
+    END IF;
+    RETURN e;
+END $$;
+
+-- The job fold: apply(state, event) -> state. No I/O but the state-machine lookup.
+CREATE FUNCTION job_apply(s jobs, e events) RETURNS jobs LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    d jsonb := e.data;
+BEGIN
+    IF s.id IS NOT NULL AND s.id <> e.stream_id THEN
+        RAISE EXCEPTION 'event % of stream % applied to job %', e.position, e.stream_id, s.id;
+    END IF;
+    s.status := state_next('job', s.status, e.type, d ->> 'status');
+    s.version := e.version;
+    s.updated_at := e.occurred_at;
+    CASE e.type
+    WHEN 'Enqueued' THEN
+        s.id := e.stream_id;
+        s.task := d ->> 'task';
+        s.queue := d ->> 'queue';
+        s.priority := (d ->> 'priority')::integer;
+        s.attempts := 0;
+        s.free_attempts := 0;
+        s.max_retries := (d ->> 'max_retries')::integer;
+        s.run_at := (d ->> 'run_at')::timestamptz;
+        s.timeout_seconds := (d ->> 'timeout_seconds')::double precision;
+        s.payload := coalesce(d -> 'payload', '{}');
+        s.tags := e.tags;
+        s.idempotency_key := d ->> 'idempotency_key';
+        s.workflow_id := e.workflow_id;
+        s.step := d ->> 'step';
+        s.step_type := d ->> 'step_type';
+        s.depends_on := d -> 'depends_on';
+        s.condition := d -> 'when';
+        s.on_failure := d ->> 'on_failure';
+        s.sleep_seconds := (d ->> 'seconds')::double precision;
+        s.created_at := e.occurred_at;
+        IF s.status = 'waiting' THEN
+            s.started_at := e.occurred_at;
+        END IF;
+    WHEN 'StepUnblocked' THEN
+        s.payload := s.payload || jsonb_build_object('inputs', coalesce(d -> 'inputs', '{}'));
+        IF d ? 'failed_step' THEN  -- a failure handler also gets the error itself
+            s.payload := s.payload || jsonb_build_object('failed_step', d -> 'failed_step',
+                                                         'error', d -> 'error');
+        END IF;
+        s.run_at := coalesce((d ->> 'run_at')::timestamptz, e.occurred_at);
+        IF s.status = 'waiting' THEN
+            s.started_at := e.occurred_at;
+        END IF;
+    WHEN 'Claimed' THEN
+        s.attempts := (d ->> 'attempt')::integer;
+        s.worker := d ->> 'worker';
+        s.heartbeat_at := e.occurred_at;
+        s.started_at := e.occurred_at;
+    WHEN 'Heartbeat' THEN
+        s.heartbeat_at := e.occurred_at;
+    WHEN 'Succeeded' THEN
+        s.result := d -> 'result';
+        s.finished_at := e.occurred_at;
+    WHEN 'Triggered' THEN
+        s.result := coalesce(d -> 'payload', '{}');
+        s.finished_at := e.occurred_at;
+    WHEN 'Failed' THEN
+        s.last_error := d ->> 'error';
+        IF d ? 'result' THEN
+            s.result := d -> 'result';
+        END IF;
+    WHEN 'Retried' THEN
+        s.run_at := (d ->> 'run_at')::timestamptz;
+        s.finished_at := NULL;
+        IF coalesce((d ->> 'manual')::boolean, false) THEN
+            s.free_attempts := s.attempts;
+        END IF;
+    WHEN 'Released' THEN
+        s.free_attempts := s.free_attempts + 1;
+        s.run_at := e.occurred_at;
+    WHEN 'DeadLettered', 'Cancelled', 'Skipped' THEN
+        s.finished_at := e.occurred_at;
+        IF d ? 'error' THEN
+            s.last_error := d ->> 'error';
+        END IF;
+    END CASE;
+    RETURN s;
+END $$;
+
+CREATE FUNCTION job_apply_all(s jobs, evs events[]) RETURNS jobs LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    e events;
+BEGIN
+    FOREACH e IN ARRAY evs LOOP
+        s := job_apply(s, e);
+    END LOOP;
+    RETURN s;
+END $$;
+
+CREATE FUNCTION workflow_apply(s workflows, e events) RETURNS workflows LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    d jsonb := e.data;
+BEGIN
+    s.status := state_next('workflow', s.status, e.type, NULL);
+    s.version := e.version;
+    s.updated_at := e.occurred_at;
+    CASE e.type
+    WHEN 'WorkflowSubmitted' THEN
+        s.id := e.stream_id;
+        s.name := d ->> 'name';
+        s.tags := e.tags;
+        s.idempotency_key := d ->> 'idempotency_key';
+        s.external_id := d ->> 'external_id';
+        s.definition := d -> 'steps';
+        s.created_at := e.occurred_at;
+    WHEN 'WorkflowSucceeded', 'WorkflowFailed', 'WorkflowCancelled' THEN
+        s.error := d ->> 'error';
+        s.finished_at := e.occurred_at;
+    END CASE;
+    RETURN s;
+END $$;
+
+CREATE FUNCTION workflow_apply_all(s workflows, evs events[]) RETURNS workflows
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    e events;
+BEGIN
+    FOREACH e IN ARRAY evs LOOP
+        s := workflow_apply(s, e);
+    END LOOP;
+    RETURN s;
+END $$;
+
+-- Folds for replay and as-of reads: the same apply functions as the live path.
+CREATE AGGREGATE job_fold(events) (SFUNC = job_apply, STYPE = jobs);
+CREATE AGGREGATE workflow_fold(events) (SFUNC = workflow_apply, STYPE = workflows);
+
+-- The live projection: every INSERT INTO events folds the new events of each
+-- stream into its row, in the inserting statement, so the read model can never
+-- lag or drift from the log.
+CREATE FUNCTION events_project() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    WITH streams AS (
+        SELECT e.stream_id, min(e.version) AS first_version,
+               array_agg(event_upcast(e) ORDER BY e.version) AS evs
+          FROM new_events e
+         WHERE e.stream_type = 'job'
+         GROUP BY e.stream_id
+    ), created AS (
+        INSERT INTO jobs
+        SELECT n.* FROM streams st, LATERAL job_apply_all(NULL::jobs, st.evs) n
+         WHERE st.first_version = 1
+    )
+    UPDATE jobs j
+       SET (version, task, queue, status, priority, attempts, free_attempts, max_retries,
+            run_at, timeout_seconds, payload, result, last_error, tags, idempotency_key,
+            workflow_id, step, step_type, depends_on, condition, on_failure, sleep_seconds,
+            worker, heartbeat_at, started_at, finished_at, created_at, updated_at)
+         = (SELECT n.version, n.task, n.queue, n.status, n.priority, n.attempts,
+                   n.free_attempts, n.max_retries, n.run_at, n.timeout_seconds, n.payload,
+                   n.result, n.last_error, n.tags, n.idempotency_key, n.workflow_id, n.step,
+                   n.step_type, n.depends_on, n.condition, n.on_failure, n.sleep_seconds,
+                   n.worker, n.heartbeat_at, n.started_at, n.finished_at, n.created_at,
+                   n.updated_at
+              FROM job_apply_all(j, st.evs) n)
+      FROM streams st
+     WHERE j.id = st.stream_id AND st.first_version > 1;
+
+    WITH streams AS (
+        SELECT e.stream_id, min(e.version) AS first_version,
+               array_agg(event_upcast(e) ORDER BY e.version) AS evs
+          FROM new_events e
+         WHERE e.stream_type = 'workflow'
+         GROUP BY e.stream_id
+    ), created AS (
+        INSERT INTO workflows
+        SELECT n.* FROM streams st, LATERAL workflow_apply_all(NULL::workflows, st.evs) n
+         WHERE st.first_version = 1
+    )
+    UPDATE workflows w
+       SET (version, name, status, tags, idempotency_key, external_id, definition, error,
+            created_at, updated_at, finished_at)
+         = (SELECT n.version, n.name, n.status, n.tags, n.idempotency_key, n.external_id,
+                   n.definition, n.error, n.created_at, n.updated_at, n.finished_at
+              FROM workflow_apply_all(w, st.evs) n)
+      FROM streams st
+     WHERE w.id = st.stream_id AND st.first_version > 1;
+
+    -- Wake idle workers of the queues that just got claimable work.
+    PERFORM pg_notify('qforge_jobs', x.queue)
+       FROM (SELECT DISTINCT j.queue
+               FROM new_events e JOIN jobs j ON j.id = e.stream_id
+              WHERE e.type IN ('Enqueued', 'StepUnblocked', 'Retried', 'Released')
+                AND j.status = 'pending') x;
+
+    INSERT INTO execution_tags (key, value, kind, id)
+    SELECT t.key, t.value, e.stream_type, e.stream_id
+      FROM new_events e, LATERAL jsonb_each_text(e.tags) t
+     WHERE e.version = 1 AND e.tags <> '{}'
+    ON CONFLICT DO NOTHING;
+
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER events_project AFTER INSERT ON events
+    REFERENCING NEW TABLE AS new_events
+    FOR EACH STATEMENT EXECUTE FUNCTION events_project();
+
+-- Retry delay after counted attempt n: min(base * 2^(n-1), cap) plus up to
+-- jitter_ratio of it, so a flapping dependency is not hammered in lockstep.
+CREATE FUNCTION job_backoff_seconds(n integer, base double precision, cap double precision,
+                                    jitter double precision)
+RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
+    SELECT least(base * power(2::double precision, greatest(n, 1) - 1), cap) * (1 + jitter)
+$$;
