@@ -90,11 +90,15 @@ def _step_job(step: StepSpec, handlers: dict[str, list[str]], now: datetime) -> 
     return data
 
 
+# A trigger wait without timeout never fires (PostgreSQL's 'infinity' would not load in Python).
+NEVER = "9999-12-31T00:00:00+00:00"
+
+
 def _wait_until(step_type: str, seconds: float | None, timeout: float | None,
                 now: datetime) -> str:
     """When a wait step's timer fires: a sleep ends, a trigger wait times out (or never)."""
     delay = seconds if step_type == "sleep" else timeout
-    return "infinity" if delay is None else (now + timedelta(seconds=delay)).isoformat()
+    return NEVER if delay is None else (now + timedelta(seconds=delay)).isoformat()
 
 
 def submit(conn, spec: WorkflowSpec, *, actor: str = "api",
