@@ -43,7 +43,6 @@ CREATE INDEX jobs_claim ON jobs (queue, priority DESC, run_at, id) WHERE status 
 CREATE INDEX jobs_running ON jobs (id) WHERE status = 'running';
 CREATE INDEX jobs_waiting ON jobs (run_at) WHERE status = 'waiting';
 CREATE INDEX jobs_workflow ON jobs (workflow_id) WHERE workflow_id IS NOT NULL;
-CREATE INDEX jobs_queue_status ON jobs (queue, status);
 CREATE INDEX jobs_created ON jobs (created_at, id);
 CREATE UNIQUE INDEX jobs_idempotency ON jobs (idempotency_key) WHERE idempotency_key IS NOT NULL;
 
@@ -74,44 +73,53 @@ CREATE TABLE execution_tags (
     PRIMARY KEY (key, value, kind, id)
 );
 
--- The state machine, read from state_transitions (see app/events/states.py).
+-- The state machine as one constant jsonb document {machine: {"from/Event": [to, ...]}},
+-- generated from app/events/states.py by `qforge migrate` (install_state_machine).
+-- An IMMUTABLE constant is folded into cached plans, so a lookup costs a jsonb
+-- probe instead of a query per event.
+CREATE FUNCTION state_machine() RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT '{}'::jsonb
+$$;
+
 CREATE FUNCTION state_next(p_machine text, p_from text, p_event text, p_wanted text)
 RETURNS text LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    found_status text;
-    matches      integer;
+    targets jsonb := state_machine() -> p_machine -> (coalesce(p_from, '') || '/' || p_event);
 BEGIN
-    SELECT min(to_status), count(*) INTO found_status, matches
-      FROM state_transitions
-     WHERE machine = p_machine AND from_status = coalesce(p_from, '')
-       AND event_type = p_event AND (p_wanted IS NULL OR to_status = p_wanted);
-    IF matches <> 1 THEN
-        RAISE EXCEPTION 'illegal % transition: % on status "%" (wanted %)',
-            p_machine, p_event, coalesce(p_from, ''), coalesce(p_wanted, '-')
-            USING ERRCODE = 'check_violation';
+    IF targets IS NOT NULL THEN
+        IF p_wanted IS NULL AND jsonb_array_length(targets) = 1 THEN
+            RETURN targets ->> 0;
+        ELSIF p_wanted IS NOT NULL AND targets ? p_wanted THEN
+            RETURN p_wanted;
+        END IF;
     END IF;
-    RETURN found_status;
+    RAISE EXCEPTION 'illegal % transition: % on status "%" (wanted %)',
+        p_machine, p_event, coalesce(p_from, ''), coalesce(p_wanted, '-')
+        USING ERRCODE = 'check_violation';
 END $$;
 
 -- Guards used by the command statements: may an event of this type happen now?
 CREATE FUNCTION state_allows(p_machine text, p_from text, p_event text)
-RETURNS boolean LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM state_transitions
-                    WHERE machine = p_machine AND from_status = p_from AND event_type = p_event)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(state_machine() -> p_machine ? (p_from || '/' || p_event), false)
 $$;
 
 -- Event schema evolution: old shapes are turned into the current one on read.
 -- Failed v1 carried {"attempt","message"}; v2 names why: {"attempt","reason","error"}.
-CREATE FUNCTION event_upcast(e events) RETURNS events LANGUAGE plpgsql IMMUTABLE AS $$
+CREATE FUNCTION event_upcast_failed_v1(e events) RETURNS events LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF e.schema_version = 1 AND e.type = 'Failed' THEN
-        e.data := (e.data - 'message')
-            || jsonb_build_object('reason', coalesce(e.data ->> 'reason', 'error'),
-                                  'error', coalesce(e.data ->> 'error', e.data ->> 'message'));
-        e.schema_version := 2;
-    END IF;
+    e.data := (e.data - 'message')
+        || jsonb_build_object('reason', coalesce(e.data ->> 'reason', 'error'),
+                              'error', coalesce(e.data ->> 'error', e.data ->> 'message'));
+    e.schema_version := 2;
     RETURN e;
 END $$;
+
+-- A plain SQL CASE, inlined by the planner: current events cost nothing.
+CREATE FUNCTION event_upcast(e events) RETURNS events LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN e.schema_version = 1 AND e.type = 'Failed'
+                THEN event_upcast_failed_v1(e) ELSE e END
+$$;
 
 -- The job fold: apply(state, event) -> state. No I/O but the state-machine lookup.
 CREATE FUNCTION job_apply(s jobs, e events) RETURNS jobs LANGUAGE plpgsql STABLE AS $$
@@ -246,7 +254,14 @@ CREATE AGGREGATE workflow_fold(events) (SFUNC = workflow_apply, STYPE = workflow
 -- The live projection: every INSERT INTO events folds the new events of each
 -- stream into its row, in the inserting statement, so the read model can never
 -- lag or drift from the log.
-CREATE FUNCTION events_project() RETURNS trigger LANGUAGE plpgsql AS $$
+-- The batches it folds are always small next to the jobs table, so every join
+-- to jobs must be an index lookup per new event. The planner cannot see that: a
+-- transition table is estimated at a fixed size and a fresh or fast-growing
+-- jobs table has no statistics yet, and it picked a hash join over a seq scan
+-- of jobs (O(table) per statement) for the UPDATE. Hash and merge joins are
+-- therefore off inside this function.
+CREATE FUNCTION events_project() RETURNS trigger LANGUAGE plpgsql
+SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 BEGIN
     WITH streams AS (
         SELECT e.stream_id, min(e.version) AS first_version,
@@ -297,7 +312,12 @@ BEGIN
     -- Wake idle workers of the queues that just got claimable work.
     PERFORM pg_notify('qforge_jobs', x.queue)
        FROM (SELECT DISTINCT j.queue
-               FROM new_events e JOIN jobs j ON j.id = e.stream_id
+               FROM new_events e
+              -- LATERAL ... LIMIT 1: one primary-key probe per event. A plain
+              -- join let the planner loop over every pending job for each
+              -- event (O(backlog x batch): seconds per 1,000-job enqueue).
+              CROSS JOIN LATERAL (SELECT jobs.queue, jobs.status FROM jobs
+                                   WHERE jobs.id = e.stream_id LIMIT 1) j
               WHERE e.type IN ('Enqueued', 'StepUnblocked', 'Retried', 'Released')
                 AND j.status = 'pending') x;
 

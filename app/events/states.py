@@ -7,7 +7,10 @@ No other code lists statuses.
 
 from __future__ import annotations
 
+import json
 from typing import Iterable
+
+from psycopg import sql
 
 NEW = ""  # the status of a stream that does not exist yet
 
@@ -107,8 +110,22 @@ def rows() -> Iterable[tuple[str, str, str, str]]:
                 yield machine, source, event_type, to
 
 
+def as_document() -> dict[str, dict[str, list[str]]]:
+    """{machine: {"status/Event": [new statuses]}}: the form the database reads."""
+    document: dict[str, dict[str, list[str]]] = {}
+    for machine, source, event_type, to in rows():
+        document.setdefault(machine, {}).setdefault(f"{source}/{event_type}", []).append(to)
+    return document
+
+
 def install_state_machine(conn) -> None:
-    """Make the database's copy of the table equal to this one (run by migrate)."""
+    """Make the database's copy of the table equal to this one (run by migrate).
+
+    Two forms: the state_transitions table to query, and state_machine(), an
+    IMMUTABLE function returning the table as one jsonb constant, which
+    state_next()/state_allows() read without a query per event.
+    """
+    body = sql.SQL("SELECT {}::jsonb").format(sql.Literal(json.dumps(as_document(), sort_keys=True)))
     with conn.cursor() as cur:
         cur.execute("DELETE FROM state_transitions")
         cur.executemany(
@@ -116,3 +133,6 @@ def install_state_machine(conn) -> None:
             " VALUES (%s, %s, %s, %s)",
             list(rows()),
         )
+        cur.execute(sql.SQL(
+            "CREATE OR REPLACE FUNCTION state_machine() RETURNS jsonb"
+            " LANGUAGE sql IMMUTABLE PARALLEL SAFE AS {}").format(sql.Literal(body.as_string(conn))))
