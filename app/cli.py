@@ -107,8 +107,9 @@ def migrate_main(args: argparse.Namespace) -> int:
         url = resolve_database_url(args.database_url)
         with connect(url, autocommit=True) as conn:
             applied = migrate(conn)
-    except (EmbeddedPostgresError, psycopg.OperationalError) as exc:
-        print(f"qforge migrate: {exc}", file=sys.stderr)
+    except (EmbeddedPostgresError, psycopg.Error) as exc:
+        notes = "".join(f"\n{note}" for note in getattr(exc, "__notes__", []))
+        print(f"qforge migrate: {exc}{notes}", file=sys.stderr)
         return 1
     for name in applied:
         print(f"applied {name}")
@@ -132,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="qforge", description="Event-sourced job queue and DAG workflow orchestrator on PostgreSQL."
     )
-    parser.add_argument("--database-url", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--database-url", default=None, help="PostgreSQL URL (also accepted after the command)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in SUBCOMMANDS:

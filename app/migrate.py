@@ -57,7 +57,8 @@ def migrate(
         try:
             return _apply_pending(conn, files, sync_state_machine)
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+            if not conn.closed:  # a lost connection has released the lock already
+                conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
     finally:
         if not conn.closed:
             conn.autocommit = was_autocommit
@@ -76,11 +77,15 @@ def _apply_pending(conn: psycopg.Connection, files: list[Path], sync_state_machi
     for path in files:
         if path.name in applied:
             continue
-        with conn.transaction():
-            # A whole file is one simple-protocol query (no parameters), so it
-            # may hold many statements and literal % signs.
-            conn.execute(sql.SQL(path.read_text(encoding="utf-8")))  # type: ignore[arg-type]
-            conn.execute("INSERT INTO schema_migrations (name) VALUES (%s)", (path.name,))
+        try:
+            with conn.transaction():
+                # A whole file is one simple-protocol query (no parameters), so
+                # it may hold many statements and literal % signs.
+                conn.execute(sql.SQL(path.read_text(encoding="utf-8")))  # type: ignore[arg-type]
+                conn.execute("INSERT INTO schema_migrations (name) VALUES (%s)", (path.name,))
+        except psycopg.Error as exc:
+            exc.add_note(f"while applying migration {path.name}")
+            raise
         newly_applied.append(path.name)
     if sync_state_machine:
         _install_state_machine(conn)

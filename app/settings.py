@@ -21,6 +21,10 @@ class Settings(BaseSettings):
     backoff_cap_seconds: float = Field(default=300, ge=0)
     monitor_tick_seconds: float = Field(default=1, gt=0)
     poll_interval_seconds: float = Field(default=1, gt=0)
+    # How long a stopping worker lets running jobs finish before handing them back.
+    shutdown_grace_seconds: float = Field(default=10, ge=0)
+    # Python logging level of the long-running processes (worker, monitor).
+    log_level: str = "INFO"
 
     # When set, the API requires "Authorization: Bearer <token>" (except /healthz).
     api_token: str | None = None

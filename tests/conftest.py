@@ -22,7 +22,7 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from app.db import EmbeddedPostgres, connect, with_database
+from app.db import THROWAWAY_CONFIG, EmbeddedPostgres, connect, with_database
 from app.migrate import migrate
 
 TEST_DATABASE_URL_ENV = "QFORGE_TEST_DATABASE_URL"
@@ -62,18 +62,43 @@ def _docker_postgres() -> Iterator[str] | None:
     return run()
 
 
-def _embedded_postgres() -> Iterator[str]:
-    # A fresh folder every session: no reuse surprises from a killed earlier
-    # run. Not under /root: as root the server runs as another user.
+def fast_temp_base() -> str:
+    """Where throwaway clusters and scratch folders go: tmpfs when it has room.
+
+    Creating a file on this machine's ext4 root can take ~1 ms (CREATE
+    DATABASE makes ~300 of them: 0.25 s on disk, 0.013 s on /dev/shm). Never
+    under /root: as root the server runs as another user.
+    """
+    shm = Path("/dev/shm")
+    try:
+        stats = os.statvfs(shm)
+        if os.access(shm, os.W_OK) and stats.f_bavail * stats.f_frsize > 2 * 1024**3:
+            return str(shm)
+    except OSError:
+        pass
     base = tempfile.gettempdir()
-    if Path(base).resolve().is_relative_to("/root"):
-        base = "/var/tmp"
-    folder = Path(tempfile.mkdtemp(prefix="qforge-test-", dir=base))
+    return "/var/tmp" if Path(base).resolve().is_relative_to("/root") else base
+
+
+def _embedded_postgres() -> Iterator[str]:
+    # A fresh folder every session: no reuse surprises from a killed earlier run.
+    folder = Path(tempfile.mkdtemp(prefix="qforge-test-", dir=fast_temp_base()))
     server = EmbeddedPostgres()
     try:
-        yield server.start(folder / "pgdata", cleanup_mode="delete")
+        yield server.start(folder / "pgdata", cleanup_mode="delete", config=THROWAWAY_CONFIG)
     finally:
         server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def scratch_dir() -> Iterator[Path]:
+    """A fresh folder, removed afterwards; fit for an embedded data directory (unlike tmp_path, which
+    pytest keeps mode 0700 and which lives on the slow disk)."""
+    folder = Path(tempfile.mkdtemp(prefix="qforge-scratch-", dir=fast_temp_base()))
+    try:
+        yield folder
+    finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 

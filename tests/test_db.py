@@ -2,34 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 import types
 from pathlib import Path
-from typing import Iterator
 
 import psycopg
 import pytest
 
 from app import cli
-from app.db import EmbeddedPostgres, EmbeddedPostgresError, connect, resolve_database_url, stop_embedded, with_database
+from app.db import (
+    EmbeddedPostgres,
+    EmbeddedPostgresError,
+    connect,
+    make_async_pool,
+    make_pool,
+    resolve_database_url,
+    stop_embedded,
+    with_database,
+)
 from app.migrate import migrate, migration_files
 from app.settings import Settings
-
-
-@pytest.fixture
-def scratch_dir() -> Iterator[Path]:
-    """A temp folder outside /root (pytest's tmp_path gets re-chmodded 0700 by pytest, which the server dislikes)."""
-    folder = Path(tempfile.mkdtemp(prefix="qforge-scratch-"))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
@@ -134,8 +131,9 @@ def test_failed_migration_is_not_recorded_and_earlier_ones_stay(
         "CREATE TABLE half_done (id int);\nSELECT no_such_function();\n"
     )
     with connect(empty_db_url) as conn:
-        with pytest.raises(psycopg.errors.UndefinedFunction):
+        with pytest.raises(psycopg.errors.UndefinedFunction) as failure:
             migrate(conn, placeholder_migrations)
+        assert failure.value.__notes__ == ["while applying migration 0002_second.sql"]
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert conn.execute("SELECT to_regclass('half_done') IS NULL").fetchone() == (True,)
         conn.rollback()
@@ -210,6 +208,35 @@ def test_cli_parses_the_contract_arguments(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(SystemExit):
         parser.parse_args(["replay", "--as-of", "1", "--as-of-time", "2024-01-01T00:00:00Z"])
     assert parser.parse_args(["demo"]).api_url == "http://127.0.0.1:8090"
+
+
+def test_connect_defaults_to_transactions(db_url: str) -> None:
+    with connect(db_url) as conn:
+        assert conn.autocommit is False
+        conn.execute("SELECT 1")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+
+
+def test_pools_open_ready_and_pass_connection_options(db_url: str) -> None:
+    from psycopg.rows import dict_row
+
+    with make_pool(db_url, min_size=2, max_size=3, row_factory=dict_row) as pool:
+        assert pool.get_stats()["pool_available"] == 2
+        with pool.connection() as conn:
+            assert conn.execute("SELECT 7 AS n").fetchone() == {"n": 7}
+
+    async def use_async_pool() -> int:
+        pool = await make_async_pool(db_url, min_size=1, max_size=2)
+        try:
+            async with pool.connection() as conn:
+                cursor = await conn.execute("SELECT 8")
+                row = await cursor.fetchone()
+                assert row is not None
+                return row[0]
+        finally:
+            await pool.close()
+
+    assert asyncio.run(use_async_pool()) == 8
 
 
 def test_with_database_rewrites_urls_and_keyword_strings() -> None:
