@@ -1,0 +1,145 @@
+"""The FastAPI application: routers, error handlers, the body limit, auth and the dashboard."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import AsyncIterator
+
+from fastapi import Depends, FastAPI
+from fastapi.responses import FileResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.api import compat, errors, events, executions, jobs, operations, workflows
+from app.api.auth import require_token
+from app.api.deps import Resources
+from app.api.errors import error_response
+from app.api.metrics import make_registry
+from app.settings import Settings, get_settings
+
+WEB_DIR = Path(__file__).resolve().parent.parent.parent / "web"
+
+
+class BodyLimit:
+    """413 for a body over the limit, by its Content-Length or by counting what arrives
+    (a chunked body has no length). The body is read here, at most limit + one chunk,
+    then handed on to the app unchanged."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                await self._reject(scope, receive, send, 400, "bad_request",
+                                   "Content-Length is not a number")
+                return
+            if int(declared) > self.max_bytes:
+                await self._reject(scope, receive, send, 413, "payload_too_large",
+                                   f"the body has {int(declared)} bytes; the limit is "
+                                   f"{self.max_bytes} (QFORGE_MAX_BODY_BYTES)")
+                return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                await self.app(scope, _replay([message], receive), send)
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._reject(scope, receive, send, 413, "payload_too_large",
+                                   f"the body is over the limit of {self.max_bytes} bytes "
+                                   "(QFORGE_MAX_BODY_BYTES)")
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([body], receive), send)
+
+    @staticmethod
+    async def _reject(scope: Scope, receive: Receive, send: Send, status: int, code: str,
+                      message: str) -> None:
+        response = error_response(status, code, message, headers={"Connection": "close"})
+        await response(scope, receive, send)
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replayed
+
+
+def create_app(database_url: str | None = None, *, settings: Settings | None = None) -> FastAPI:
+    """The API. `database_url` overrides QFORGE_DATABASE_URL; neither means the embedded
+    server. The database is reached on first use, not at startup."""
+    settings = settings or get_settings()
+    resources = Resources(settings, database_url)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await resources.aclose()
+
+    app = FastAPI(
+        title="QForge", version="0.1.0", lifespan=lifespan,
+        description=("Event-sourced job queue and DAG workflow orchestrator on PostgreSQL. "
+                     "Errors are `{\"error\", \"message\", \"details\"}`; lists are "
+                     "`{\"items\", \"next\"}`; histories are `{\"events\"}`."),
+    )
+    app.state.resources = resources
+    app.state.metrics = make_registry(resources)
+    errors.install(app)
+
+    protected = [Depends(require_token)]
+    for router in (jobs.router, workflows.router, compat.router, events.router,
+                   executions.router, operations.router):
+        app.include_router(router, dependencies=protected)
+    app.include_router(operations.health_router)
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:
+        for name in ("favicon.ico", "favicon.svg", "favicon.png"):
+            path = WEB_DIR / name
+            if path.is_file():
+                return FileResponse(path)
+        return Response(status_code=204)
+
+    if WEB_DIR.is_dir():
+        # Last, so every API route wins; the page asks for the token itself.
+        app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="dashboard")
+
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    if not settings.api_token:
+        _optional_security(app)
+    return app
+
+
+def _optional_security(app: FastAPI) -> None:
+    """Without QFORGE_API_TOKEN the bearer token is optional: say so in /openapi.json
+    (an empty requirement object means "no credentials needed")."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = build()
+            for path_item in schema.get("paths", {}).values():
+                for operation in path_item.values():
+                    if isinstance(operation, dict) and operation.get("security"):
+                        operation["security"] = [*operation["security"], {}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

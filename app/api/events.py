@@ -1,0 +1,143 @@
+"""The global event log: GET /events (pages) and GET /events/stream (Server-Sent Events).
+
+Both read only through the gapless cursor of app.events.store.read_after, so a
+reader never skips an event whatever order concurrent transactions commit in,
+and the SSE `id` of each message is that cursor: a reconnecting EventSource
+sends it back as Last-Event-ID and resumes exactly after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, AsyncIterator
+from uuid import UUID
+
+import psycopg
+from fastapi import APIRouter, Header, Query, Request
+from psycopg_pool import PoolTimeout
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.concurrency import run_in_threadpool
+
+from app.api.common import ERRORS, bad_query, tags_of
+from app.api.deps import Conn, Resources
+from app.api.errors import ApiError
+from app.api.models import EventPage
+from app.events import store
+from app.events.types import Event
+
+router = APIRouter(tags=["events"])
+
+PAGE_SIZE = 200  # events a subscriber holds at once: memory per client is bounded by this
+IDLE_RECHECK_SECONDS = 5.0  # a subscriber re-reads at least this often even without a wake-up
+PING_SECONDS = 15
+SEND_TIMEOUT_SECONDS = 60  # a client that takes no data for this long is dropped (it resumes)
+
+cursor_query = Annotated[str | None, Query(
+    max_length=60, description='a cursor from an earlier event or page; "0" = the beginning')]
+
+
+def parse_cursor(text: str | None) -> store.Cursor:
+    with bad_query():
+        cursor = store.decode_cursor(text)
+        if cursor[0] >= 2**64 or cursor[1] >= 2**63:
+            raise ValueError(f"cursor {text!r} is out of range")
+    return cursor
+
+
+@router.get("/events", response_model=EventPage, responses=ERRORS)
+def list_events(conn: Conn, after: cursor_query = None,
+                limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:
+    """The log in order, after a cursor (from the beginning without one); `next` resumes."""
+    cursor = parse_cursor(after)
+    events = store.read_after(conn, cursor, limit)
+    if events:
+        cursor = store.cursor_of(events[-1])
+    return {"events": [e.model_dump(mode="json") for e in events],
+            "next": store.encode_cursor(cursor)}
+
+
+class Filters:
+    """Which events a subscriber wants (every given filter must match)."""
+
+    def __init__(self, workflow_id: UUID | None, job_id: UUID | None,
+                 tags: list[tuple[str, str]], types: set[str]):
+        self.workflow_id, self.job_id, self.tags, self.types = workflow_id, job_id, tags, types
+
+    def match(self, event: Event) -> bool:
+        if self.workflow_id and self.workflow_id not in (event.workflow_id, event.stream_id):
+            return False
+        if self.job_id and event.stream_id != self.job_id:
+            return False
+        if self.types and event.type not in self.types:
+            return False
+        return all(event.tags.get(key) == value for key, value in self.tags)
+
+
+def _read_page(resources: Resources, cursor: store.Cursor) -> list[Event]:
+    with resources.pool.connection() as conn:
+        return store.read_after(conn, cursor, PAGE_SIZE)
+
+
+def _tail(resources: Resources) -> store.Cursor:
+    with resources.pool.connection() as conn:
+        return store.tail_cursor(conn)
+
+
+async def subscribe(resources: Resources, cursor: store.Cursor,
+                    filters: Filters) -> AsyncIterator[ServerSentEvent]:
+    """Yield matching events after `cursor`, forever, one page in memory at a time.
+
+    The next page is read only once the previous one has been handed to the
+    client, so a slow client slows only itself.
+    """
+    hub = resources.hub
+    while True:
+        changed = hub.changed()  # taken before reading: a move during the read is not lost
+        try:
+            page = await run_in_threadpool(_read_page, resources, cursor)
+        except (psycopg.OperationalError, PoolTimeout):
+            await asyncio.sleep(1.0)  # the database is away; keep the client, retry
+            continue
+        for event in page:
+            cursor = store.cursor_of(event)
+            if filters.match(event):
+                yield ServerSentEvent(id=store.encode_cursor(cursor), event=event.type,
+                                      data=json.dumps(event.model_dump(mode="json")))
+        if len(page) < PAGE_SIZE:
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=IDLE_RECHECK_SECONDS)
+            except asyncio.TimeoutError:
+                pass
+
+
+@router.get("/events/stream", response_class=EventSourceResponse,
+            responses={200: {"description": "text/event-stream: `id: <cursor>`, "
+                                            "`event: <type>`, `data: <event JSON>`",
+                             "content": {"text/event-stream": {}}}, **ERRORS})
+async def stream(request: Request, after: cursor_query = None,
+                 workflow_id: UUID | None = None, job_id: UUID | None = None,
+                 tag: Annotated[list[str] | None, Query(max_length=20)] = None,
+                 type: Annotated[list[str] | None, Query(
+                     max_length=50, description="event types; repeat or comma-separate")] = None,
+                 last_event_id: Annotated[str | None, Header(max_length=60)] = None,
+                 token: Annotated[str | None, Query(
+                     description="the API token, for EventSource (which cannot set headers)")] = None,
+                 ) -> EventSourceResponse:
+    """Live events. Resumes after Last-Event-ID (or ?after=; "0" = from the beginning);
+    without either it starts at the live tail. Filters: workflow_id, job_id, tag=key:value,
+    type. Never misses or repeats an event."""
+    resources: Resources = request.app.state.resources
+    types = {t.strip() for value in type or [] for t in value.split(",") if t.strip()}
+    filters = Filters(workflow_id, job_id, tags_of(tag), types)
+    resume = last_event_id if last_event_id not in (None, "") else after
+    if resume is not None:
+        cursor = parse_cursor(resume)
+    else:
+        try:
+            cursor = await run_in_threadpool(_tail, resources)
+        except (psycopg.OperationalError, PoolTimeout):
+            raise ApiError(503, "unavailable", "the database is not reachable right now") from None
+    return EventSourceResponse(subscribe(resources, cursor, filters), ping=PING_SECONDS,
+                               send_timeout=SEND_TIMEOUT_SECONDS,
+                               headers={"Cache-Control": "no-store"})

@@ -1,0 +1,87 @@
+"""/jobs: enqueue, read, list, history, cancel, retry."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+from uuid import UUID
+
+from fastapi import APIRouter, Query, Response
+
+from app.api.common import ERRORS, as_of_view, bad_query, limit_query, tag_query, tags_of
+from app.api.deps import Conn
+from app.api.errors import ApiError
+from app.api.models import EventHistory, JobCreate, JobList, JobView
+from app.commands.enqueue import JobSpec, enqueue
+from app.commands.manage import cancel_job, retry_job
+from app.events import store
+from app.events.states import statuses
+from app.projections import jobs as jobs_view
+
+router = APIRouter(tags=["jobs"])
+
+JobStatus = Literal[tuple(sorted(statuses("job")))]  # type: ignore[valid-type]
+
+
+def _job(conn, job_id: UUID) -> dict:
+    job = jobs_view.get_job(conn, job_id)
+    if job is None:
+        raise ApiError(404, "not_found", f"job {job_id} not found")
+    return job
+
+
+@router.post("/jobs", status_code=201, response_model=JobView,
+             responses={200: {"model": JobView, "description": "an existing job with the same "
+                                                                "idempotency_key"}, **ERRORS})
+def create_job(body: JobCreate, conn: Conn, response: Response) -> dict:
+    """Enqueue a job; the same idempotency_key again returns the existing job (200)."""
+    spec = JobSpec.model_validate(body.model_dump(exclude_unset=True))
+    [outcome] = enqueue(conn, [spec], actor="api")
+    if not outcome.created:
+        response.status_code = 200
+    return _job(conn, outcome.id)
+
+
+@router.get("/jobs", response_model=JobList, responses=ERRORS)
+def list_jobs(conn: Conn,
+              status: Annotated[JobStatus | None, Query()] = None,
+              queue: Annotated[str | None, Query(max_length=200)] = None,
+              task: Annotated[str | None, Query(max_length=200)] = None,
+              tag: tag_query = None, limit: limit_query = 50,
+              cursor: Annotated[str | None, Query(max_length=500)] = None) -> dict:
+    """Jobs, newest first, filtered by status, queue, task and tags (key:value, all must match)."""
+    with bad_query():
+        items, next_cursor = jobs_view.list_jobs(conn, status=status, queue=queue, task=task,
+                                                 tags=tags_of(tag), limit=limit, cursor=cursor)
+    return {"items": items, "next": next_cursor}
+
+
+@router.get("/jobs/{job_id}", response_model=JobView, responses=ERRORS)
+def get_job(job_id: UUID, conn: Conn,
+            as_of: Annotated[int | None, Query(ge=0, le=2**62, description=(
+                "the job as it was right after this log position (event replay)"))] = None) -> dict:
+    if as_of is not None:
+        return as_of_view("job_as_of", conn, job_id, as_of, f"job {job_id}")
+    return _job(conn, job_id)
+
+
+@router.get("/jobs/{job_id}/events", response_model=EventHistory, responses=ERRORS)
+def job_events(job_id: UUID, conn: Conn) -> dict:
+    """The job's own events, oldest first: its audit trail."""
+    events = store.read_stream(conn, job_id)
+    if not events or events[0].stream_type != "job":
+        raise ApiError(404, "not_found", f"job {job_id} not found")
+    return {"events": [e.model_dump(mode="json") for e in events]}
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobView, responses=ERRORS)
+def cancel(job_id: UUID, conn: Conn) -> dict:
+    """Cancel a job that has not finished (409 otherwise); a running one stops at its next heartbeat."""
+    cancel_job(conn, job_id, actor="api")
+    return _job(conn, job_id)
+
+
+@router.post("/jobs/{job_id}/retry", response_model=JobView, responses=ERRORS)
+def retry(job_id: UUID, conn: Conn) -> dict:
+    """Run a dead or cancelled job again (409 for any other status)."""
+    retry_job(conn, job_id, actor="api")
+    return _job(conn, job_id)

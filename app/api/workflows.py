@@ -1,0 +1,109 @@
+"""/workflows: submit a DAG, read it, list, history, cancel, trigger a waiting step."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+from uuid import UUID
+
+from fastapi import APIRouter, Path, Query, Response
+
+from app.api.common import ERRORS, as_of_view, bad_query, limit_query, tag_query, tags_of
+from app.api.deps import Conn
+from app.api.errors import ApiError
+from app.api.models import (EventHistory, TriggerRequest, WorkflowCreate, WorkflowCreated,
+                            WorkflowList, WorkflowView)
+from app.commands import dag
+from app.commands import workflows as commands
+from app.commands.errors import Invalid
+from app.commands.workflows import StepSpec, WorkflowSpec
+from app.events import store
+from app.events.states import statuses
+from app.projections import workflows as workflows_view
+
+router = APIRouter(tags=["workflows"])
+
+WorkflowStatus = Literal[tuple(sorted(statuses("workflow")))]  # type: ignore[valid-type]
+
+
+def _workflow(conn, workflow_id: UUID) -> dict:
+    workflow = workflows_view.get_workflow(conn, workflow_id)
+    if workflow is None:
+        raise ApiError(404, "not_found", f"workflow {workflow_id} not found")
+    return workflow
+
+
+def to_spec(body: WorkflowCreate, *, external_id: str | None = None) -> WorkflowSpec:
+    """Check the whole graph first, so a definition's problems are all reported at once
+    (an unknown step type among them); only then build the command's spec."""
+    definitions = []
+    for step in body.steps:
+        when = step.when.model_dump(by_alias=True, exclude_unset=True) if step.when else None
+        definitions.append(dag.StepDef(name=step.step, type=step.type, task=step.task,
+                                       depends_on=tuple(step.depends_on), when=when,
+                                       on_failure=step.on_failure, seconds=step.seconds))
+    problems = dag.validate(definitions)
+    if problems:
+        raise Invalid("invalid workflow: " + "; ".join(problems), problems)
+    steps = [StepSpec.model_validate(step.model_dump(by_alias=True, exclude_unset=True))
+             for step in body.steps]
+    return WorkflowSpec(name=body.name, tags=body.tags, idempotency_key=body.idempotency_key,
+                        steps=steps, external_id=external_id)
+
+
+@router.post("/workflows", status_code=201, response_model=WorkflowCreated,
+             responses={200: {"model": WorkflowCreated,
+                              "description": "an existing workflow with the same idempotency_key"},
+                        **ERRORS})
+def create_workflow(body: WorkflowCreate, conn: Conn, response: Response) -> dict:
+    """Submit a DAG. An invalid graph is a 422 whose details list every problem; nothing is stored."""
+    workflow_id, created = commands.submit(conn, to_spec(body), actor="api")
+    if not created:
+        response.status_code = 200
+    view = _workflow(conn, workflow_id)
+    return {key: view[key] for key in ("id", "name", "status", "steps")}
+
+
+@router.get("/workflows", response_model=WorkflowList, responses=ERRORS)
+def list_workflows(conn: Conn, status: Annotated[WorkflowStatus | None, Query()] = None,
+                   tag: tag_query = None, limit: limit_query = 50,
+                   cursor: Annotated[str | None, Query(max_length=500)] = None) -> dict:
+    """Workflows, newest first, with how many steps are in each status."""
+    with bad_query():
+        items, next_cursor = workflows_view.list_workflows(
+            conn, status=status, tags=tags_of(tag), limit=limit, cursor=cursor)
+    return {"items": items, "next": next_cursor}
+
+
+@router.get("/workflows/{workflow_id}", response_model=WorkflowView, responses=ERRORS)
+def get_workflow(workflow_id: UUID, conn: Conn,
+                 as_of: Annotated[int | None, Query(ge=0, le=2**62, description=(
+                     "the workflow as it was right after this log position"))] = None) -> dict:
+    if as_of is not None:
+        return as_of_view("workflow_as_of", conn, workflow_id, as_of, f"workflow {workflow_id}")
+    return _workflow(conn, workflow_id)
+
+
+@router.get("/workflows/{workflow_id}/events", response_model=EventHistory, responses=ERRORS)
+def workflow_events(workflow_id: UUID, conn: Conn) -> dict:
+    """The workflow's own events and its steps' job events, in log order."""
+    events = store.read_workflow(conn, workflow_id)
+    if not events:
+        raise ApiError(404, "not_found", f"workflow {workflow_id} not found")
+    return {"events": [e.model_dump(mode="json") for e in events]}
+
+
+@router.post("/workflows/{workflow_id}/cancel", response_model=WorkflowView, responses=ERRORS)
+def cancel_workflow(workflow_id: UUID, conn: Conn) -> dict:
+    """Cancel every unfinished step and the workflow (409 when it already finished)."""
+    commands.cancel(conn, workflow_id, actor="api")
+    return _workflow(conn, workflow_id)
+
+
+@router.post("/workflows/{workflow_id}/steps/{step}/trigger", response_model=WorkflowView,
+             responses=ERRORS)
+def trigger_step(workflow_id: UUID, step: Annotated[str, Path(max_length=200)], conn: Conn,
+                 body: TriggerRequest | None = None) -> dict:
+    """Complete a waiting wait_for_trigger step; its payload becomes the step's output (409 if
+    the step is not waiting)."""
+    commands.trigger(conn, workflow_id, step, body.payload if body else None, actor="api")
+    return _workflow(conn, workflow_id)

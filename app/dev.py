@@ -1,0 +1,224 @@
+"""`qforge dev`: the whole system on one machine, as one supervised process tree.
+
+PostgreSQL (embedded, unless a URL is given) and migrations in this process;
+the API + dashboard, the monitor and two worker pools as child processes
+(`python -m app.cli ...`, each in its own session so a terminal's Ctrl-C
+reaches only this supervisor, which then stops them in order). A child that
+crashes is restarted with backoff. Ctrl-C or SIGTERM stops every child, then
+PostgreSQL, and exits 0; the data stays in ./.qforge/pgdata for the next run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+from app.db import EmbeddedPostgres, EmbeddedPostgresError, connect
+from app.migrate import migrate
+from app.settings import get_settings
+
+POOL_CONCURRENCY = 4
+STOP_GRACE_SECONDS = 20.0  # workers hand back or finish their jobs; then SIGKILL
+RESTART_BACKOFF_MAX = 30.0
+HEALTHY_AFTER_SECONDS = 30.0  # a child that ran this long restarts with a fresh backoff
+NOT_AVAILABLE_EXIT = 2  # `qforge <command>` of a module this build lacks, or bad arguments
+
+_PR_SET_PDEATHSIG = 1
+try:
+    _LIBC = ctypes.CDLL(None, use_errno=True)
+except OSError:  # not Linux: children are still stopped by the supervisor
+    _LIBC = None
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM if the supervisor is killed outright."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _say(text: str) -> None:
+    print(f"qforge dev | {text}", flush=True)
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    process: subprocess.Popen | None = None
+    started_at: float = 0.0
+    restart_at: float | None = None
+    backoff: float = 1.0
+    given_up: bool = False
+    pumps: list[threading.Thread] = field(default_factory=list)
+
+    def start(self, env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", *self.argv], env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=_die_with_parent)
+        self.started_at, self.restart_at = time.monotonic(), None
+        pump = threading.Thread(target=_pump, args=(self.name, self.process.stdout),
+                                name=f"output-{self.name}", daemon=True)
+        pump.start()
+        self.pumps.append(pump)
+
+    def signal(self, signum: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signum)
+            except ProcessLookupError:
+                pass
+
+
+def _pump(name: str, stream) -> None:
+    """Copy a child's output, each line prefixed with its name."""
+    with stream:
+        for raw in iter(stream.readline, b""):
+            sys.stdout.write(f"{name:>8} | {raw.decode(errors='replace').rstrip()}\n")
+            sys.stdout.flush()
+
+
+def children(port: int) -> list[Child]:
+    pool = ["worker", "--allow-shell", "--concurrency", str(POOL_CONCURRENCY)]
+    return [
+        Child("api", ["api", "--host", "127.0.0.1", "--port", str(port)]),
+        Child("monitor", ["monitor"]),
+        Child("pool-1", [*pool, "--name", "pool-1"]),
+        Child("pool-2", [*pool, "--name", "pool-2"]),
+    ]
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _healthy(port: int) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class Supervisor:
+    def __init__(self, port: int, env: dict[str, str]):
+        self.port, self.env = port, env
+        self.children = children(port)
+        self.stopping = threading.Event()
+
+    def request_stop(self, signum: int, _frame: object) -> None:
+        if not self.stopping.is_set():
+            _say(f"{signal.Signals(signum).name}: stopping")
+        self.stopping.set()
+
+    def run(self) -> None:
+        for child in self.children:
+            child.start(self.env)
+        announced = False
+        while not self.stopping.wait(0.2):
+            now = time.monotonic()
+            for child in self.children:
+                self._watch(child, now)
+            if not announced and _healthy(self.port):
+                announced = True
+                _say(f"ready: dashboard and API on http://127.0.0.1:{self.port} (Ctrl-C stops)")
+        self.stop_all()
+
+    def _watch(self, child: Child, now: float) -> None:
+        if child.given_up:
+            return
+        if child.restart_at is not None:
+            if now >= child.restart_at:
+                _say(f"restarting {child.name}")
+                child.start(self.env)
+            return
+        code = child.process.poll() if child.process else None
+        if code is None:
+            return
+        if code == NOT_AVAILABLE_EXIT and now - child.started_at < 5:
+            child.given_up = True
+            _say(f"{child.name} is not available in this build (exit {code}); running without it")
+            return
+        if now - child.started_at > HEALTHY_AFTER_SECONDS:
+            child.backoff = 1.0
+        _say(f"{child.name} exited with {code}; restarting in {child.backoff:.0f}s")
+        child.restart_at = now + child.backoff
+        child.backoff = min(child.backoff * 2, RESTART_BACKOFF_MAX)
+
+    def stop_all(self) -> None:
+        running = [c for c in self.children if c.process and c.process.poll() is None]
+        for child in running:
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for child in running:
+            try:
+                child.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                _say(f"{child.name} did not stop in {STOP_GRACE_SECONDS:.0f}s; killing it")
+                child.signal(signal.SIGKILL)
+                child.process.wait()
+        for child in self.children:
+            for pump in child.pumps:
+                pump.join(timeout=2)
+
+
+def cli_main(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    port = args.port if args.port is not None else settings.port
+    if not _port_free("127.0.0.1", port):
+        print(f"qforge dev: port {port} on 127.0.0.1 is in use (another qforge dev?); "
+              "choose another with --port", file=sys.stderr)
+        return 1
+    url = args.database_url or settings.database_url
+    embedded: EmbeddedPostgres | None = None
+    try:
+        if not url:
+            pgdata = Path(settings.data_dir).expanduser().absolute() / "pgdata"
+            pgdata.parent.mkdir(parents=True, exist_ok=True)
+            embedded = EmbeddedPostgres()
+            _say(f"starting PostgreSQL in {pgdata}")
+            url = embedded.start(pgdata, cleanup_mode="stop")
+        with connect(url, autocommit=True) as conn:
+            for name in migrate(conn):
+                _say(f"applied {name}")
+    except (EmbeddedPostgresError, psycopg.Error, OSError) as exc:
+        print(f"qforge dev: {exc}", file=sys.stderr)
+        if embedded is not None:
+            embedded.stop()
+        return 1
+
+    # Children reach the same server by its URL and never start one themselves,
+    # so this process is the embedded server's only user and stops it at the end.
+    env = {**os.environ, "QFORGE_DATABASE_URL": url, "PYTHONUNBUFFERED": "1"}
+    supervisor = Supervisor(port, env)
+    previous = {sig: signal.signal(sig, supervisor.request_stop)
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        supervisor.run()
+    finally:
+        supervisor.stop_all()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if embedded is not None:
+            _say("stopping PostgreSQL")
+            embedded.stop()
+    _say("stopped")
+    return 0

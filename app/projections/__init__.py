@@ -1,0 +1,1 @@
+"""Read models: views of the projection tables for the API, replay and verify."""

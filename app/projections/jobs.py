@@ -1,0 +1,61 @@
+"""The jobs read model as the API shows it: one job, and filtered, keyset-paginated lists."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from uuid import UUID
+
+from psycopg.rows import dict_row
+
+from app.projections.pages import as_mapping, decode_page_cursor, encode_page_cursor
+from app.sql import q
+
+# The fields of GET /jobs/{id} (CONTRACT §3), in order.
+JOB_FIELDS = ("id", "task", "queue", "status", "priority", "attempts", "max_retries", "run_at",
+              "payload", "result", "last_error", "tags", "workflow_id", "step", "worker",
+              "heartbeat_at", "created_at", "updated_at")
+
+
+def job_view(row: dict[str, Any]) -> dict[str, Any]:
+    """A jobs row (or an as-of fold of one) in the contract's shape."""
+    return {name: row.get(name) for name in JOB_FIELDS}
+
+
+def get_job_row(conn, job_id: UUID) -> dict[str, Any] | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q("job_get"), {"id": job_id})
+        return cur.fetchone()
+
+
+def get_job(conn, job_id: UUID) -> dict[str, Any] | None:
+    row = get_job_row(conn, job_id)
+    return None if row is None else job_view(row)
+
+
+def list_jobs(conn, *, status: str | None = None, queue: str | None = None,
+              task: str | None = None, tags: list[tuple[str, str]] | None = None,
+              limit: int = 50, cursor: str | None = None) -> tuple[list[dict], str | None]:
+    """Newest first; (items, next cursor or None). ValueError for a malformed cursor."""
+    after_created, after_id = decode_page_cursor(cursor)
+    wanted = as_mapping(tags or [])
+    if wanted is None:
+        return [], None
+    first = next(iter(wanted.items()), (None, None))
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q("jobs_list"), {
+            "status": status, "queue": queue, "task": task,
+            "tag_key": first[0], "tag_value": first[1], "tags": json.dumps(wanted),
+            "after_created": after_created, "after_id": after_id, "limit": limit + 1,
+        })
+        rows = cur.fetchall()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = encode_page_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None
+    return [job_view(row) for row in rows], next_cursor
+
+
+def jobs_by_ids(conn, ids: list[UUID]) -> dict[UUID, dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q("jobs_by_ids"), {"ids": ids})
+        return {row["id"]: job_view(row) for row in cur.fetchall()}

@@ -1,0 +1,103 @@
+"""The workflows read model as the API shows it: one workflow with its steps, and lists."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from uuid import UUID
+
+from psycopg.rows import dict_row
+
+from app.projections.pages import as_mapping, decode_page_cursor, encode_page_cursor
+from app.sql import q
+
+# GET /workflows/{id} (CONTRACT §3).
+WORKFLOW_FIELDS = ("id", "name", "status", "tags", "created_at", "finished_at")
+STEP_FIELDS = ("step", "status", "job_id", "depends_on", "output", "error", "attempts",
+               "started_at", "finished_at")
+
+
+def step_view(row: dict[str, Any]) -> dict[str, Any]:
+    """A step's job row in the contract's step shape (started_at: claim, or when a wait began)."""
+    return {
+        "step": row["step"], "status": row["status"], "job_id": row["id"],
+        "depends_on": list(row.get("depends_on") or []), "output": row.get("result"),
+        "error": row.get("last_error"), "attempts": row.get("attempts", 0),
+        "started_at": row.get("started_at"), "finished_at": row.get("finished_at"),
+    }
+
+
+def ordered_steps(workflow: dict[str, Any], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Steps in the order the definition declared them."""
+    declared = [s.get("step") for s in workflow.get("definition") or [] if isinstance(s, dict)]
+    rank = {name: index for index, name in enumerate(declared)}
+    return sorted(steps, key=lambda row: (rank.get(row["step"], len(rank)), row["step"] or ""))
+
+
+def workflow_view(workflow: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """A workflows row and its step rows (live or as of a position) in the contract's shape."""
+    view = {name: workflow.get(name) for name in WORKFLOW_FIELDS}
+    view["steps"] = [step_view(row) for row in ordered_steps(workflow, steps)]
+    return view
+
+
+def get_workflow_rows(conn, workflow_id: UUID) -> tuple[dict, list[dict]] | None:
+    """The workflow's row and its steps' job rows, declared order; None if unknown."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q("workflow_get"), {"id": workflow_id})
+        workflow = cur.fetchone()
+        if workflow is None:
+            return None
+        cur.execute(q("workflow_steps"), {"id": workflow_id})
+        return workflow, ordered_steps(workflow, cur.fetchall())
+
+
+def get_workflow(conn, workflow_id: UUID) -> dict[str, Any] | None:
+    found = get_workflow_rows(conn, workflow_id)
+    return None if found is None else workflow_view(*found)
+
+
+def summary_view(row: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:
+    """A list item: the workflow without its steps, with how many steps are in each status."""
+    return {"id": row["id"], "name": row["name"], "status": row["status"], "tags": row["tags"],
+            "error": row["error"], "created_at": row["created_at"],
+            "updated_at": row["updated_at"], "finished_at": row["finished_at"],
+            "step_counts": counts}
+
+
+def summaries(conn, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    counts: dict[UUID, dict[str, int]] = {row["id"]: {} for row in rows}
+    if rows:
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(q("workflow_step_counts"), {"ids": list(counts)})
+            for found in cur.fetchall():
+                counts[found["workflow_id"]][found["status"]] = found["n"]
+    return [summary_view(row, counts[row["id"]]) for row in rows]
+
+
+def list_workflows(conn, *, status: str | None = None, tags: list[tuple[str, str]] | None = None,
+                   limit: int = 50, cursor: str | None = None) -> tuple[list[dict], str | None]:
+    """Newest first; (items, next cursor or None). ValueError for a malformed cursor."""
+    after_created, after_id = decode_page_cursor(cursor)
+    wanted = as_mapping(tags or [])
+    if wanted is None:
+        return [], None
+    first = next(iter(wanted.items()), (None, None))
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q("workflows_list"), {
+            "status": status, "tag_key": first[0], "tag_value": first[1],
+            "tags": json.dumps(wanted), "after_created": after_created, "after_id": after_id,
+            "limit": limit + 1,
+        })
+        rows = cur.fetchall()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = encode_page_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None
+    return summaries(conn, rows), next_cursor
+
+
+def workflows_by_ids(conn, ids: list[UUID]) -> dict[UUID, dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q("workflows_by_ids"), {"ids": ids})
+        rows = cur.fetchall()
+    return {item["id"]: item for item in summaries(conn, rows)}

@@ -1,0 +1,120 @@
+-- Read-side queries of the API (app/projections/*): lists, search, statistics.
+-- Keyset pagination everywhere: a list page is an index range that starts
+-- after the last row of the previous one, never an OFFSET.
+
+-- name: jobs_list
+-- Newest first. A tag filter starts from execution_tags (an index range on
+-- (key, value)) and checks the remaining tags on the row; no scan of jobs.
+SELECT j.* FROM jobs j
+ WHERE (%(status)s::text IS NULL OR j.status = %(status)s)
+   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+   AND (%(task)s::text IS NULL OR j.task = %(task)s)
+   AND (%(tag_key)s::text IS NULL OR (
+            j.id IN (SELECT t.id FROM execution_tags t
+                      WHERE t.key = %(tag_key)s AND t.value = %(tag_value)s AND t.kind = 'job')
+            AND j.tags @> %(tags)s::jsonb))
+   AND (%(after_created)s::timestamptz IS NULL
+        OR (j.created_at, j.id) < (%(after_created)s::timestamptz, %(after_id)s::uuid))
+ ORDER BY j.created_at DESC, j.id DESC
+ LIMIT %(limit)s
+
+-- name: workflows_list
+SELECT w.id, w.name, w.status, w.tags, w.error, w.created_at, w.updated_at, w.finished_at
+  FROM workflows w
+ WHERE (%(status)s::text IS NULL OR w.status = %(status)s)
+   AND (%(tag_key)s::text IS NULL OR (
+            w.id IN (SELECT t.id FROM execution_tags t
+                      WHERE t.key = %(tag_key)s AND t.value = %(tag_value)s
+                        AND t.kind = 'workflow')
+            AND w.tags @> %(tags)s::jsonb))
+   AND (%(after_created)s::timestamptz IS NULL
+        OR (w.created_at, w.id) < (%(after_created)s::timestamptz, %(after_id)s::uuid))
+ ORDER BY w.created_at DESC, w.id DESC
+ LIMIT %(limit)s
+
+-- name: workflow_step_counts
+-- How many steps of each listed workflow are in each status (for list pages).
+SELECT workflow_id, status, count(*) AS n
+  FROM jobs
+ WHERE workflow_id = ANY(%(ids)s::uuid[])
+ GROUP BY workflow_id, status
+
+-- name: executions_by_tags
+-- Everything that carries ALL the given tags: each (key, value) is an index
+-- range of execution_tags; an id qualifies when it appears in every range.
+-- Newest first across jobs and workflows, keyset-paginated on (created_at, id).
+WITH wanted AS (
+    SELECT DISTINCT w.key, w.value
+      FROM unnest(%(keys)s::text[], %(values)s::text[]) AS w(key, value)
+), matched AS (
+    SELECT t.kind, t.id
+      FROM execution_tags t JOIN wanted w ON t.key = w.key AND t.value = w.value
+     GROUP BY t.kind, t.id
+    HAVING count(*) = (SELECT count(*) FROM wanted)
+), found AS (
+    SELECT 'job' AS kind, j.id, j.created_at FROM matched m JOIN jobs j ON j.id = m.id
+     WHERE m.kind = 'job'
+    UNION ALL
+    SELECT 'workflow', w.id, w.created_at FROM matched m JOIN workflows w ON w.id = m.id
+     WHERE m.kind = 'workflow'
+)
+SELECT kind, id, created_at FROM found
+ WHERE %(after_created)s::timestamptz IS NULL
+    OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::uuid)
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s
+
+-- name: jobs_by_ids
+SELECT * FROM jobs WHERE id = ANY(%(ids)s::uuid[])
+
+-- name: workflows_by_ids
+SELECT w.id, w.name, w.status, w.tags, w.error, w.created_at, w.updated_at, w.finished_at
+  FROM workflows w WHERE id = ANY(%(ids)s::uuid[])
+
+-- name: queues_stats
+-- Counts by queue and status (the jobs_queue_status index), and the age of the
+-- oldest job that is due and waiting for a worker.
+SELECT j.queue, j.status, count(*) AS n,
+       extract(epoch FROM (now() - min(j.run_at) FILTER (WHERE j.run_at <= now())))::float8
+           AS oldest_due_seconds
+  FROM jobs j
+ GROUP BY j.queue, j.status
+ ORDER BY j.queue, j.status
+
+-- name: events_counts_after
+-- What happened in the log since a gapless cursor, for the metrics counters:
+-- events by type, and the claim latency (Claimed minus the moment the job
+-- became claimable: the run_at of the event that made it pending) bucketed
+-- with the given upper bounds. Same visibility rule as events_after.
+WITH visible AS (
+    SELECT e.xid, e.position, e.type, e.stream_id, e.version, e.occurred_at
+      FROM events e
+     WHERE (e.xid, e.position) > (%(after_xid)s::xid8, %(after_position)s::bigint)
+       AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
+     ORDER BY e.xid, e.position
+     LIMIT %(limit)s
+), latency AS (
+    SELECT greatest(extract(epoch FROM v.occurred_at - ready.at), 0)::float8 AS seconds
+      FROM visible v
+     CROSS JOIN LATERAL (
+            SELECT greatest(p.occurred_at,
+                            coalesce((p.data ->> 'run_at')::timestamptz, p.occurred_at)) AS at
+              FROM events p
+             WHERE p.stream_id = v.stream_id AND p.version < v.version
+               AND p.type IN ('Enqueued', 'StepUnblocked', 'Retried', 'Released')
+             ORDER BY p.version DESC
+             LIMIT 1) ready
+     WHERE v.type = 'Claimed'
+)
+SELECT (SELECT jsonb_object_agg(type, n)
+          FROM (SELECT type, count(*) AS n FROM visible GROUP BY type) c) AS counts,
+       (SELECT array_agg((SELECT count(*) FROM latency l WHERE l.seconds <= b) ORDER BY ord)
+          FROM unnest(%(bounds)s::float8[]) WITH ORDINALITY AS u(b, ord)) AS buckets,
+       (SELECT count(*) FROM latency) AS claims,
+       (SELECT coalesce(sum(seconds), 0) FROM latency) AS latency_sum,
+       (SELECT count(*) FROM visible) AS read,
+       (SELECT xid::text FROM visible ORDER BY xid DESC, position DESC LIMIT 1) AS last_xid,
+       (SELECT position FROM visible ORDER BY xid DESC, position DESC LIMIT 1) AS last_position
+
+-- name: database_ping
+SELECT 1

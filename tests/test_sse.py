@@ -1,0 +1,236 @@
+"""GET /events/stream with a real uvicorn server and streaming clients: order, resume with
+Last-Event-ID, the out-of-order commit case, filters, and a slow client."""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import threading
+import time
+from typing import Iterator
+from urllib.parse import urlsplit
+
+import httpx
+import psycopg
+import pytest
+
+from app.api import events as events_route
+from app.api.app import create_app
+from app.api.server import BackgroundServer
+from app.commands.enqueue import JobSpec, enqueue
+from app.commands.workflows import StepSpec, WorkflowSpec, submit
+from app.events.store import decode_cursor
+from app.settings import Settings
+
+
+class SSEReader:
+    """A streaming client in a thread; parsed messages arrive on a queue."""
+
+    def __init__(self, base_url: str, params: dict | None = None, headers: dict | None = None):
+        self.messages: queue.Queue[dict] = queue.Queue()
+        self._stop = threading.Event()
+        self._client = httpx.Client(base_url=base_url, timeout=httpx.Timeout(10, read=None))
+        self._context = self._client.stream("GET", "/events/stream", params=params, headers=headers)
+        self.response = self._context.__enter__()
+        assert self.response.status_code == 200, self.response.read()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        message: dict[str, str] = {}
+        try:
+            for line in self.response.iter_lines():
+                if self._stop.is_set():
+                    return
+                if line == "":
+                    if "data" in message:
+                        message["json"] = json.loads(message["data"])
+                        self.messages.put(message)
+                    message = {}
+                elif not line.startswith(":"):
+                    name, _, value = line.partition(":")
+                    message[name] = value[1:] if value.startswith(" ") else value
+        except Exception:  # the stream was closed under us: the end of this reader
+            return
+
+    def take(self, count: int, timeout: float = 10.0) -> list[dict]:
+        taken, deadline = [], time.monotonic() + timeout
+        while len(taken) < count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"got {len(taken)} of {count} events: {taken}")
+            try:
+                taken.append(self.messages.get(timeout=remaining))
+            except queue.Empty:
+                continue
+        return taken
+
+    def quiet_for(self, seconds: float) -> bool:
+        try:
+            extra = self.messages.get(timeout=seconds)
+        except queue.Empty:
+            return True
+        raise AssertionError(f"unexpected event {extra}")
+
+    def close(self) -> None:
+        self._stop.set()  # the reader wakes at the next ping and leaves
+        self._thread.join(timeout=5)
+        self._context.__exit__(None, None, None)
+        self._client.close()
+
+
+@pytest.fixture
+def server(db_url: str, monkeypatch) -> Iterator[str]:
+    monkeypatch.setattr(events_route, "PING_SECONDS", 0.3)  # readers notice close() quickly
+    app = create_app(db_url, settings=Settings(database_url=db_url, api_token=None))
+    with BackgroundServer(app) as running:
+        yield running.url
+
+
+@pytest.fixture
+def readers() -> Iterator[list[SSEReader]]:
+    opened: list[SSEReader] = []
+    yield opened
+    for reader in opened:
+        reader.close()
+
+
+def open_reader(readers: list, url: str, **kwargs) -> SSEReader:
+    reader = SSEReader(url, **kwargs)
+    readers.append(reader)
+    return reader
+
+
+def add_jobs(conn, *numbers: int, **fields) -> list:
+    return [e.id for e in enqueue(conn, [JobSpec(task="echo", payload={"n": n}, **fields)
+                                         for n in numbers])]
+
+
+def numbers(messages: list[dict]) -> list[int]:
+    return [m["json"]["data"]["payload"]["n"] for m in messages]
+
+
+def test_events_arrive_in_log_order_with_cursor_ids(server, conn, db_url, readers):
+    add_jobs(conn, 0, 1, 2)
+    reader = open_reader(readers, server, params={"after": "0"})
+    first = reader.take(3)
+    def writer(first: int) -> None:  # concurrent transactions, commits in any order
+        with psycopg.connect(db_url, autocommit=True) as own:
+            for n in range(first, first + 10):
+                add_jobs(own, n)
+
+    workers = [threading.Thread(target=writer, args=(10 + 10 * k,)) for k in range(3)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    rest = reader.take(30)
+    messages = first + rest
+    assert numbers(first) == [0, 1, 2]
+    assert sorted(numbers(rest)) == list(range(10, 40))
+    cursors = [decode_cursor(m["id"]) for m in messages]
+    assert cursors == sorted(cursors) and len(set(cursors)) == len(cursors)
+    assert all(m["event"] == "Enqueued" == m["json"]["type"] for m in messages)
+    envelope = messages[0]["json"]
+    assert {"position", "stream_type", "stream_id", "version", "type", "data", "tags",
+            "occurred_at", "actor"} <= set(envelope)
+    # The same order as the paged log.
+    paged = httpx.get(f"{server}/events", params={"after": "0", "limit": 1000}).json()["events"]
+    assert [e["position"] for e in paged] == [m["json"]["position"] for m in messages]
+    assert reader.quiet_for(0.5)
+
+
+def test_without_a_cursor_the_stream_starts_at_the_live_tail(server, conn, readers):
+    add_jobs(conn, 1, 2)
+    reader = open_reader(readers, server)  # its tail is fixed before the response starts
+    add_jobs(conn, 3)
+    assert numbers(reader.take(1)) == [3]
+    assert reader.quiet_for(0.5)
+
+
+def test_reconnect_with_last_event_id_gets_exactly_the_missed_events(server, conn, readers):
+    add_jobs(conn, *range(6))
+    first = open_reader(readers, server, params={"after": "0"})
+    seen = first.take(6)
+    first.close()
+    readers.remove(first)
+    add_jobs(conn, *range(6, 9))  # appended while the client was away
+    # The browser resends the original URL (?after=0) plus Last-Event-ID: the header wins.
+    again = open_reader(readers, server, params={"after": "0"},
+                        headers={"Last-Event-ID": seen[2]["id"]})
+    assert numbers(again.take(6)) == [3, 4, 5, 6, 7, 8]
+    assert again.quiet_for(1.0)
+    via_query = open_reader(readers, server, params={"after": seen[4]["id"]})
+    assert numbers(via_query.take(4)) == [5, 6, 7, 8]
+    assert via_query.quiet_for(0.5)
+
+
+def test_a_late_commit_with_a_lower_position_is_delivered_once_and_never_skipped(
+        server, conn, db_url, readers):
+    reader = open_reader(readers, server, params={"after": "0"})
+    with psycopg.connect(db_url, autocommit=True) as conn_a, \
+            psycopg.connect(db_url, autocommit=True) as conn_b:
+        with conn_a.transaction():
+            [job_a] = add_jobs(conn_a, 1)  # takes the lower position, stays uncommitted
+            [job_b] = add_jobs(conn_b, 2)  # a higher position, committed first
+            position = {row[0]: row[1] for row in conn_b.execute(
+                "SELECT stream_id, position FROM events").fetchall()}
+            assert job_a not in position  # A is invisible to others until it commits
+            # B is committed but must wait behind the open A: a reader that took B now
+            # would have to skip A later.
+            assert reader.quiet_for(1.5)
+        received = reader.take(2)
+    assert [m["json"]["stream_id"] for m in received] == [str(job_a), str(job_b)]
+    assert received[0]["json"]["position"] < received[1]["json"]["position"]
+    assert reader.quiet_for(1.5)  # and nothing twice
+
+
+def test_a_transaction_that_appends_nothing_still_lets_readers_through(server, conn, db_url, readers):
+    """xmin only moves when the old transaction ends, and it sends no NOTIFY: the hub polls."""
+    reader = open_reader(readers, server, params={"after": "0"})
+    with psycopg.connect(db_url, autocommit=True) as idle:
+        with idle.transaction():
+            idle.execute("SELECT pg_current_xact_id()")  # holds xmin back, appends nothing
+            add_jobs(conn, 1)
+            assert reader.quiet_for(1.0)
+    assert numbers(reader.take(1, timeout=5)) == [1]
+
+
+def test_filters_by_workflow_job_tag_and_type(server, conn, readers):
+    workflow_id, _ = submit(conn, WorkflowSpec(name="w", tags={"team": "x"}, steps=[
+        StepSpec(step="a", task="echo"), StepSpec(step="b", task="echo", depends_on=["a"])]))
+    [job_id] = add_jobs(conn, 1, tags={"team": "y"})
+    add_jobs(conn, 2)
+    of_workflow = open_reader(readers, server, params={"after": "0", "workflow_id": str(workflow_id)})
+    assert [m["event"] for m in of_workflow.take(3)] == ["WorkflowSubmitted", "Enqueued", "Enqueued"]
+    of_job = open_reader(readers, server, params={"after": "0", "job_id": str(job_id)})
+    assert [m["json"]["stream_id"] for m in of_job.take(1)] == [str(job_id)]
+    of_tag = open_reader(readers, server, params={"after": "0", "tag": "team:y"})
+    assert [m["json"]["stream_id"] for m in of_tag.take(1)] == [str(job_id)]
+    of_type = open_reader(readers, server, params={"after": "0", "type": "WorkflowSubmitted,Claimed"})
+    assert [m["event"] for m in of_type.take(1)] == ["WorkflowSubmitted"]
+    for reader in (of_workflow, of_job, of_tag, of_type):
+        assert reader.quiet_for(0.3)
+
+
+def test_bad_stream_parameters_are_4xx(server):
+    assert httpx.get(f"{server}/events/stream", params={"after": "x-y"}).status_code == 400
+    assert httpx.get(f"{server}/events/stream", headers={"Last-Event-ID": "nope"}).status_code == 400
+    assert httpx.get(f"{server}/events/stream", params={"workflow_id": "w"}).status_code == 422
+
+
+def test_a_client_that_never_reads_does_not_hold_up_others(server, conn, readers):
+    address = urlsplit(server)
+    stalled = socket.create_connection((address.hostname, address.port))
+    try:
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.sendall(b"GET /events/stream?after=0 HTTP/1.1\r\nHost: x\r\n\r\n")
+        blob = "z" * 4000
+        for start in range(0, 600, 100):  # ~2.4 MB of events: far more than socket buffers hold
+            enqueue(conn, [JobSpec(task="echo", payload={"n": n, "blob": blob})
+                           for n in range(start, start + 100)])
+        reader = open_reader(readers, server, params={"after": "0"})
+        assert numbers(reader.take(600, timeout=30)) == list(range(600))
+    finally:
+        stalled.close()
