@@ -1,0 +1,64 @@
+// The QForge dashboard: a hash router over a handful of views, one live event stream.
+
+import { h } from "./js/dom.js";
+import { onState, start as startStream } from "./js/live.js";
+import { mountTimeline, startTimeline } from "./js/timeline.js";
+import { mountSearch } from "./js/search.js";
+import { mountJob } from "./js/job.js";
+import { mountWorkflow } from "./js/workflow.js";
+import { mountQueues } from "./js/queues.js";
+import { mountWorkers } from "./js/workers.js";
+
+// [pattern, nav section, mount(container, params, ...captures)]
+const ROUTES = [
+  [/^\/?$/, "timeline", (el, params) => mountTimeline(el, params)],
+  [/^\/timeline$/, "timeline", (el, params) => mountTimeline(el, params)],
+  [/^\/search$/, "search", (el, params) => mountSearch(el, params)],
+  [/^\/jobs\/([^/]+)$/, "timeline", (el, params, id) => mountJob(el, id)],
+  [/^\/workflows\/([^/]+)$/, "timeline", (el, params, id) => mountWorkflow(el, id)],
+  [/^\/queues$/, "queues", (el) => mountQueues(el)],
+  [/^\/workers$/, "workers", (el) => mountWorkers(el)],
+];
+
+const main = document.getElementById("main");
+let unmount = null;
+
+function route() {
+  const hash = location.hash.replace(/^#/, "") || "/";
+  const [path, search = ""] = hash.split("?");
+  const params = new URLSearchParams(search);
+  if (unmount) unmount();
+  unmount = null;
+  for (const [pattern, section, mount] of ROUTES) {
+    const match = pattern.exec(path);
+    if (!match) continue;
+    for (const link of document.querySelectorAll("header nav a")) {
+      link.classList.toggle("active", link.dataset.section === section);
+      if (link.dataset.section === section) link.setAttribute("aria-current", "page");
+      else link.removeAttribute("aria-current");
+    }
+    const captures = match.slice(1).map(decodeURIComponent);
+    unmount = mount(main, params, ...captures) || null;
+    document.title = `QForge · ${section[0].toUpperCase()}${section.slice(1)}`;
+    main.focus({ preventScroll: true });
+    window.scrollTo(0, 0);
+    return;
+  }
+  main.replaceChildren(h("div", { class: "empty" }, "Nothing here. ", h("a", { href: "#/timeline" }, "Back to the timeline")));
+}
+
+const LIVE_TEXT = { live: "live", connecting: "connecting…", reconnecting: "reconnecting…" };
+
+onState((state) => {
+  const indicator = document.getElementById("live");
+  indicator.dataset.state = state;
+  indicator.querySelector(".text").textContent = LIVE_TEXT[state] ?? state;
+  indicator.title = state === "live"
+    ? "Receiving events from /events/stream"
+    : "The event stream is down; it reconnects on its own and resumes where it stopped";
+});
+
+startTimeline();
+startStream();
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,170 @@
+// Job detail: what the job is now, what it was given and gave back, and its audit trail.
+
+import { api, ApiError } from "./api.js";
+import {
+  CANCELLABLE, RETRYABLE, clear, clock, codeBlock, dateTime, debounce, emptyState,
+  eventBadge, facts, h, pill, statusClass, tagChips, toast, workflowLink, EVENT_STATUS,
+} from "./dom.js";
+import { subscribe } from "./live.js";
+import { summarize } from "./summary.js";
+
+const FALLBACK_REFRESH_MS = 5000; // in case the stream is down
+
+/** The vertical audit trail, shared with the workflow view. */
+export function historyList(events, { stepOf, label } = {}) {
+  if (!events.length) return emptyState("No events yet.");
+  return h("ol", { class: "history", "aria-label": label || "Event history" },
+    events.map((event) => {
+      const summary = summarize(event);
+      return h("li", {
+        class: `history-item ${statusClass(EVENT_STATUS[event.type])}`,
+        "data-type": event.type, "data-position": event.position,
+      },
+      h("span", { class: "dot", "aria-hidden": "true" }),
+      h("div", { class: "history-head" },
+        eventBadge(event.type),
+        stepOf && stepOf(event) ? h("span", { class: "history-step" }, stepOf(event)) : null,
+        h("span", { class: "history-time" }, clock(event.occurred_at)),
+        h("span", { class: "muted" }, `by ${event.actor ?? "—"}`)),
+      h("div", { class: "history-summary" },
+        summary ? h("span", null, summary) : null,
+        event.data && Object.keys(event.data).length
+          ? h("details", null, h("summary", null, "data"), codeBlock(event.data))
+          : null));
+    }));
+}
+
+/** Re-render without closing the history entries the reader opened. */
+export function keepOpenDetails(root, render) {
+  const open = new Set([...root.querySelectorAll("li[data-position] details[open]")]
+    .map((details) => details.closest("li").dataset.position));
+  render();
+  for (const item of root.querySelectorAll("li[data-position]")) {
+    if (open.has(item.dataset.position)) item.querySelector("details")?.setAttribute("open", "");
+  }
+}
+
+function attemptsText(job) {
+  const allowed = job.max_retries != null ? job.max_retries + 1 : null;
+  return allowed != null ? `${job.attempts ?? 0} of ${allowed}` : String(job.attempts ?? 0);
+}
+
+function outcome(job) {
+  const blocks = [];
+  const hasError = job.last_error != null && job.last_error !== "";
+  const hasResult = job.result !== undefined && job.result !== null;
+  if (hasResult) {
+    blocks.push(h("div", { class: "card" }, h("h3", null, "Result"), codeBlock(job.result)));
+  }
+  if (hasError) {
+    // A job that succeeded after a retry keeps the error of its failed attempt.
+    const earlier = job.status === "succeeded";
+    const block = h("div", { class: `card${earlier ? " earlier" : ""}` },
+      h("h3", null, earlier ? "Error of an earlier attempt" : "Error"), codeBlock(job.last_error, "error"));
+    if (earlier) blocks.push(block);
+    else blocks.unshift(block);
+  }
+  if (!blocks.length) {
+    blocks.push(h("div", { class: "card" }, h("h3", null, "Result"),
+      h("p", { class: "muted" }, "No result yet.")));
+  }
+  return blocks;
+}
+
+export function mountJob(container, jobId) {
+  const root = h("section", { class: "view job", "data-job": jobId });
+  clear(container).append(root);
+  root.append(h("p", { class: "muted" }, "Loading job…"));
+  let disposed = false;
+  let loading = false;
+  let loadAgain = false;
+
+  async function act(action) {
+    try {
+      await api(`/jobs/${encodeURIComponent(jobId)}/${action}`, { method: "POST" });
+      toast(action === "retry" ? "Job queued to run again." : "Job cancelled.", "ok");
+    } catch (error) {
+      toast(error instanceof ApiError ? error.message : `Could not ${action} the job.`, "error");
+    }
+    load();
+  }
+
+  function render(job, events) {
+    const buttons = [];
+    if (CANCELLABLE.has(job.status)) {
+      buttons.push(h("button", { class: "btn danger", id: "job-cancel", type: "button", onclick: () => act("cancel") }, "Cancel"));
+    }
+    if (RETRYABLE.has(job.status)) {
+      buttons.push(h("button", { class: "btn primary", id: "job-retry", type: "button", onclick: () => act("retry") }, "Retry"));
+    }
+    clear(root).append(
+      h("nav", { class: "crumbs" }, h("a", { href: "#/timeline" }, "Timeline"), " / job"),
+      h("header", { class: "detail-header" },
+        h("div", null,
+          h("h1", null, h("span", { class: "task" }, job.step ? `${job.step}` : job.task ?? "job"),
+            " ", h("span", { id: "job-status" }, pill(job.status))),
+          h("code", { class: "fullid" }, job.id)),
+        h("div", { class: "actions" }, buttons)),
+      h("div", { class: "detail-grid" },
+        h("div", { class: "card" }, facts([
+          ["Task", job.task],
+          ["Queue", job.queue],
+          ["Attempts", h("span", { id: "job-attempts" }, attemptsText(job))],
+          ["Priority", String(job.priority ?? 0)],
+          ["Worker", job.worker || null],
+          ["Heartbeat", job.heartbeat_at ? dateTime(job.heartbeat_at) : null],
+          ["Run at", dateTime(job.run_at)],
+          ["Created", dateTime(job.created_at)],
+          ["Updated", dateTime(job.updated_at)],
+          job.workflow_id ? ["Workflow", h("span", null, workflowLink(job.workflow_id),
+            job.step ? ` · step ${job.step}` : "")] : null,
+          ["Tags", tagChips(job.tags)],
+        ])),
+        h("div", { class: "stack" },
+          h("div", { class: "card" }, h("h3", null, "Payload"), codeBlock(job.payload ?? {})),
+          ...outcome(job))),
+      h("h2", null, "History"),
+      historyList(events, { label: "Job history" }));
+  }
+
+  // One load at a time; a change seen during a load triggers one more after it.
+  async function load() {
+    if (loading) {
+      loadAgain = true;
+      return;
+    }
+    loading = true;
+    try {
+      const [job, history] = await Promise.all([
+        api(`/jobs/${encodeURIComponent(jobId)}`),
+        api(`/jobs/${encodeURIComponent(jobId)}/events`),
+      ]);
+      if (!disposed) keepOpenDetails(root, () => render(job, (history && history.events) || []));
+    } catch (error) {
+      if (disposed) return;
+      clear(root).append(
+        h("nav", { class: "crumbs" }, h("a", { href: "#/timeline" }, "Timeline"), " / job"),
+        emptyState(error instanceof ApiError && error.status === 404
+          ? `No job ${jobId}.` : `Could not load the job: ${error.message}`));
+    } finally {
+      loading = false;
+      if (loadAgain && !disposed) {
+        loadAgain = false;
+        load();
+      }
+    }
+  }
+
+  const refresh = debounce(load, 120);
+  const unsubscribe = subscribe((event) => {
+    if (event.stream_id === jobId && event.type !== "Heartbeat") refresh();
+  });
+  const timer = setInterval(load, FALLBACK_REFRESH_MS);
+  load();
+  return () => {
+    disposed = true;
+    refresh.cancel();
+    clearInterval(timer);
+    unsubscribe();
+  };
+}

@@ -1,0 +1,137 @@
+// Search by tag: "order_id:A-1001 region:eu" -> every job and workflow carrying all of them.
+
+import { api, ApiError, query } from "./api.js";
+import {
+  clear, dateTime, emptyState, h, jobLink, pill, tagChips, workflowLink,
+} from "./dom.js";
+
+const TAG_PATTERN = /^[^:\s]+:\S+$/;
+
+function kindOf(item) {
+  const declared = item.kind ?? item.execution_type ?? item.stream_type ?? item.type;
+  if (declared === "job" || declared === "workflow") return declared;
+  return Array.isArray(item.steps) || ("name" in item && !("task" in item)) ? "workflow" : "job";
+}
+
+/** [{kind, ...item}] from either {jobs, workflows} or {items}. */
+function executionsOf(body) {
+  if (!body || typeof body !== "object") return [];
+  const out = [];
+  if (Array.isArray(body.jobs) || Array.isArray(body.workflows)) {
+    for (const job of body.jobs || []) out.push({ ...job, kind: "job" });
+    for (const workflow of body.workflows || []) out.push({ ...workflow, kind: "workflow" });
+  }
+  for (const item of Array.isArray(body) ? body : body.items || []) {
+    out.push({ ...item, kind: kindOf(item) });
+  }
+  return out;
+}
+
+function resultRow(item) {
+  const isWorkflow = item.kind === "workflow";
+  const link = isWorkflow ? workflowLink(item.id) : jobLink(item.id);
+  let what = isWorkflow ? item.name : item.task;
+  if (!isWorkflow && item.step) what = `${item.step} (${item.task})`;
+  return h("tr", { class: "result", "data-kind": item.kind, "data-id": item.id },
+    h("td", null, h("span", { class: `kind kind-${item.kind}` }, item.kind)),
+    h("td", null, link),
+    h("td", { class: "what" }, what ?? "—"),
+    h("td", null, pill(item.status)),
+    h("td", null, isWorkflow ? "—" : (item.queue ?? "—")),
+    h("td", { class: "tagcell" }, tagChips(item.tags)),
+    h("td", null, dateTime(item.created_at)),
+    h("td", null, isWorkflow
+      ? null
+      : (item.workflow_id ? workflowLink(item.workflow_id, "workflow") : null)));
+}
+
+export function mountSearch(container, params) {
+  const initial = params.getAll("tag").join(" ");
+  const input = h("input", {
+    id: "tag-search", name: "tags", value: initial, placeholder: "order_id:A-1001 customer:acme",
+    autocomplete: "off", spellcheck: "false", "aria-label": "Tags",
+  });
+  const message = h("p", { class: "form-message", "aria-live": "polite" });
+  const results = h("div", { id: "search-results" });
+  const form = h("form", { class: "search-form" },
+    input, h("button", { class: "btn primary", type: "submit" }, "Search"));
+  let generation = 0;
+
+  async function run(tags) {
+    const mine = ++generation;
+    message.textContent = "";
+    if (!tags.length) {
+      clear(results).append(emptyState(
+        "Type one or more tags as key:value, separated by spaces. Every result carries all of them."));
+      return;
+    }
+    results.setAttribute("aria-busy", "true");
+    try {
+      const body = await api(`/executions${query({ tag: tags })}`);
+      if (mine !== generation) return;
+      const items = executionsOf(body);
+      clear(results);
+      if (!items.length) {
+        results.append(emptyState(`No job or workflow carries ${tags.join(" and ")}.`));
+        return;
+      }
+      let shown = items.length;
+      let next = body && body.next;
+      const count = h("p", { class: "muted" });
+      const tbody = h("tbody", null, items.map(resultRow));
+      const more = h("button", { class: "btn", type: "button", id: "search-more" }, "Show more");
+      const describe = () => {
+        count.textContent = `${shown}${next ? "+" : ""} execution${shown === 1 ? "" : "s"} with ${tags.join(" ")}, newest first`;
+        more.hidden = !next;
+      };
+      more.addEventListener("click", async () => {
+        more.disabled = true;
+        try {
+          const page = await api(`/executions${query({ tag: tags, cursor: next })}`);
+          if (mine !== generation) return;
+          const extra = executionsOf(page);
+          tbody.append(...extra.map(resultRow));
+          shown += extra.length;
+          next = page && page.next;
+          describe();
+        } catch (error) {
+          message.textContent = error instanceof ApiError ? error.message : "Could not load more.";
+        } finally {
+          more.disabled = false;
+        }
+      });
+      describe();
+      results.append(count,
+        h("div", { class: "table-wrap" }, h("table", { class: "list" },
+          h("thead", null, h("tr", null, ["Kind", "Id", "Name / task", "Status", "Queue", "Tags",
+            "Created", ""].map((label) => h("th", null, label)))),
+          tbody)),
+        h("div", { class: "more" }, more));
+    } catch (error) {
+      if (mine !== generation) return;
+      clear(results);
+      message.textContent = error instanceof ApiError ? error.message : "The search failed; is the API up?";
+    } finally {
+      results.removeAttribute("aria-busy");
+    }
+  }
+
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const tags = input.value.split(/\s+/).filter(Boolean);
+    const bad = tags.filter((tag) => !TAG_PATTERN.test(tag));
+    if (bad.length) {
+      message.textContent = `Not a key:value tag: ${bad.join(", ")}`;
+      return;
+    }
+    history.replaceState(null, "", `#/search${query({ tag: tags })}`);
+    run(tags);
+  });
+
+  clear(container).append(h("section", { class: "view search" },
+    h("div", { class: "toolbar" }, h("h1", null, "Search by tag")),
+    form, message, results));
+  input.focus();
+  run(initial.split(/\s+/).filter(Boolean));
+  return () => { generation += 1; };
+}

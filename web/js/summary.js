@@ -1,0 +1,67 @@
+// One line that says what an event means, for the timeline and the histories.
+
+import { compact, duration, parseTime } from "./dom.js";
+
+function attempt(data) {
+  return data.attempt != null ? `attempt ${data.attempt}` : null;
+}
+
+function at(iso) {
+  const time = parseTime(iso);
+  return time ? `at ${time.toLocaleTimeString()}` : null;
+}
+
+/** `a.x = "doB"`, or `x = "doB"` without the step (on an edge that starts at it). */
+export function describeCondition(when, { withStep = true } = {}) {
+  if (!when || typeof when !== "object") return null;
+  const path = when.path || "output";
+  const target = withStep ? `${when.step ?? "?"}.${path}` : path;
+  if (when.equals != null) return `${target} = ${compact(JSON.stringify(when.equals), 40)}`;
+  if (when.not_equals != null) return `${target} ≠ ${compact(JSON.stringify(when.not_equals), 40)}`;
+  if (when.in != null) return `${target} in ${compact(JSON.stringify(when.in), 40)}`;
+  return compact(when, 60);
+}
+
+const condition = (when) => describeCondition(when);
+
+const DESCRIBE = {
+  Enqueued: (d) => [
+    d.task ? `task ${d.task}` : null,
+    d.status && d.status !== "pending" ? d.status : null,
+    d.priority ? `priority ${d.priority}` : null,
+    d.max_retries != null ? `max retries ${d.max_retries}` : null,
+    d.when ? `when ${condition(d.when)}` : null,
+    d.payload && Object.keys(d.payload).length ? `payload ${compact(d.payload, 80)}` : null,
+  ],
+  StepUnblocked: (d) => [d.status ? `now ${d.status}` : "unblocked"],
+  Claimed: (d) => [attempt(d), d.worker ? `by ${d.worker}` : null],
+  Heartbeat: (d) => [attempt(d), d.worker ? `from ${d.worker}` : null],
+  Released: (d) => [attempt(d), "handed back without using an attempt"],
+  Succeeded: (d) => [attempt(d), "result" in d ? `result ${compact(d.result, 90)}` : null],
+  Triggered: (d) => ["payload" in d ? `payload ${compact(d.payload, 90)}` : "triggered"],
+  Failed: (d) => [attempt(d), d.reason && d.reason !== "error" ? d.reason : null,
+    d.error != null ? compact(d.error, 140) : null],
+  Retried: (d) => [
+    d.manual ? "manual retry" : attempt(d),
+    d.delay_seconds != null && !d.manual ? `retry in ${duration(Number(d.delay_seconds))}` : null,
+    d.manual ? null : at(d.run_at),
+  ],
+  DeadLettered: (d) => [attempt(d), "retries exhausted", d.error != null ? compact(d.error, 120) : null],
+  Cancelled: (d) => [d.reason || "cancelled"],
+  Skipped: (d) => [d.reason || (d.error ? compact(d.error, 120) : "condition not met")],
+  WorkflowSubmitted: (d) => [
+    d.name ? `“${d.name}”` : null,
+    Array.isArray(d.steps) ? `${d.steps.length} steps` : null,
+  ],
+  WorkflowSucceeded: () => ["all steps done"],
+  WorkflowFailed: (d) => [d.error != null ? compact(d.error, 140) : "failed"],
+  WorkflowCancelled: (d) => [d.reason || "cancelled"],
+};
+
+/** "attempt 2 · retry in 400 ms · at 14:03:22" */
+export function summarize(event) {
+  const data = event.data && typeof event.data === "object" ? event.data : {};
+  const describe = DESCRIBE[event.type];
+  const parts = describe ? describe(data) : [compact(data, 140)];
+  return parts.filter(Boolean).join(" · ");
+}

@@ -1,0 +1,280 @@
+// Workflow detail: the DAG, live; a step's output, error and attempts on click; trigger and cancel.
+
+import { api, ApiError } from "./api.js";
+import {
+  between, clear, codeBlock, dateTime, debounce, emptyState, facts, h, jobLink, pill,
+  STATUSES, statusClass, tagChips, toast,
+} from "./dom.js";
+import { chooseLayout, isTriggerable, renderDag } from "./dag.js";
+import { historyList, keepOpenDetails } from "./job.js";
+import { subscribe } from "./live.js";
+import { describeCondition } from "./summary.js";
+
+const FALLBACK_REFRESH_MS = 5000;
+const DEFINITION_FIELDS = ["type", "task", "when", "on_failure", "depends_on", "seconds", "timeout_seconds"];
+
+/** GET /workflows/{id} steps, completed with the submitted definitions when a field is missing. */
+function mergeDefinitions(steps, history) {
+  const submitted = history.find((event) => event.type === "WorkflowSubmitted");
+  const definitions = new Map(((submitted && submitted.data && submitted.data.steps) || [])
+    .map((definition) => [definition.step, definition]));
+  return steps.map((step) => {
+    const definition = definitions.get(step.step) || {};
+    const merged = { ...step };
+    for (const field of DEFINITION_FIELDS) {
+      if (merged[field] == null && definition[field] != null) merged[field] = definition[field];
+    }
+    return merged;
+  });
+}
+
+function statusCounts(steps) {
+  const counts = new Map();
+  for (const step of steps) counts.set(step.status, (counts.get(step.status) || 0) + 1);
+  return h("div", { class: "counts" }, STATUSES.filter((status) => counts.has(status)).map((status) =>
+    h("span", { class: `count-chip ${statusClass(status)}` },
+      h("span", { class: "swatch" }), `${counts.get(status)} ${status}`)));
+}
+
+function legend() {
+  return h("div", { class: "legend", "aria-label": "Legend" },
+    STATUSES.map((status) => h("span", { class: `legend-item ${statusClass(status)}` },
+      h("span", { class: "swatch" }), status)),
+    h("span", { class: "legend-item edge-key" }, h("span", { class: "line dep" }), "depends on"),
+    h("span", { class: "legend-item edge-key" }, h("span", { class: "line when" }), "runs only when"),
+    h("span", { class: "legend-item edge-key" }, h("span", { class: "line failure" }), "on failure"));
+}
+
+export function mountWorkflow(container, workflowId) {
+  const root = h("section", { class: "view workflow", "data-workflow": workflowId });
+  clear(container).append(root);
+  root.append(h("p", { class: "muted" }, "Loading workflow…"));
+  let disposed = false;
+  let loading = false;
+  let loadAgain = false;
+  let selected = null;
+  let dag = null;
+  let workflow = null;
+  let steps = [];
+  let panel = null;
+  let header = null;
+  let historyHost = null;
+
+  const stepUrl = (step) => `/workflows/${encodeURIComponent(workflowId)}/steps/${encodeURIComponent(step)}`;
+
+  async function cancelWorkflow() {
+    try {
+      await api(`/workflows/${encodeURIComponent(workflowId)}/cancel`, { method: "POST" });
+      toast("Workflow cancelled.", "ok");
+    } catch (error) {
+      toast(error instanceof ApiError ? error.message : "Could not cancel the workflow.", "error");
+    }
+    load();
+  }
+
+  async function trigger(step, textarea, message) {
+    let payload;
+    try {
+      payload = textarea.value.trim() ? JSON.parse(textarea.value) : {};
+    } catch (error) {
+      message.textContent = `Not valid JSON: ${error.message}`;
+      return;
+    }
+    if (payload === null || typeof payload !== "object" || Array.isArray(payload)) {
+      message.textContent = "The payload must be a JSON object, e.g. {\"approved\": true}.";
+      return;
+    }
+    message.textContent = "";
+    try {
+      await api(`${stepUrl(step)}/trigger`, { method: "POST", body: { payload } });
+      toast(`Step ${step} triggered.`, "ok");
+    } catch (error) {
+      message.textContent = error instanceof ApiError ? error.message : "The trigger failed.";
+    }
+    load();
+  }
+
+  function renderPanel() {
+    const step = steps.find((candidate) => candidate.step === selected);
+    // Keep what the reader typed into the trigger payload across live updates.
+    const oldTextarea = panel.querySelector("textarea");
+    const typed = oldTextarea ? oldTextarea.value : null;
+    const hadFocus = oldTextarea && document.activeElement === oldTextarea;
+    clear(panel);
+    if (!step) {
+      panel.append(h("h2", null, "Steps"),
+        h("p", { class: "muted" }, "Click a step to see its output, error, attempts and times."));
+      const waiting = steps.filter(isTriggerable);
+      if (waiting.length) {
+        panel.append(h("p", null, "Waiting for a trigger: "),
+          h("ul", { class: "plain" }, waiting.map((w) => h("li", null,
+            h("button", { class: "btn small", type: "button", onclick: () => choose(w.step) }, w.step)))));
+      }
+      return;
+    }
+    const when = step.when ? describeCondition(step.when) : null;
+    panel.append(
+      h("div", { class: "panel-head" }, h("h2", null, step.step), pill(step.status),
+        h("button", {
+          class: "close", type: "button", title: "Close", "aria-label": "Close the step panel",
+          onclick: () => choose(null),
+        }, "×")),
+      facts([
+        ["Type", step.type || "task"],
+        step.task && (step.type || "task") === "task" ? ["Task", step.task] : null,
+        ["Job", step.job_id ? jobLink(step.job_id) : null],
+        ["Attempts", String(step.attempts ?? 0)],
+        ["Started", dateTime(step.started_at)],
+        ["Finished", dateTime(step.finished_at)],
+        ["Took", step.started_at && step.finished_at ? between(step.started_at, step.finished_at) : null],
+        ["Depends on", (step.depends_on || []).length ? step.depends_on.join(", ") : null],
+        when ? ["Runs when", when] : null,
+        step.on_failure ? ["On failure", step.on_failure] : null,
+      ]));
+    if (isTriggerable(step)) {
+      const textarea = h("textarea", {
+        id: "trigger-payload", rows: 4, spellcheck: "false", "aria-label": "Trigger payload (JSON)",
+      });
+      textarea.value = typed ?? "{}";
+      const message = h("p", { class: "form-message", "aria-live": "polite" });
+      const form = h("form", { class: "trigger-form" },
+        h("label", { for: "trigger-payload" }, "Payload (JSON object), becomes the step's output"),
+        textarea, message,
+        h("button", { class: "btn primary", id: "trigger-button", type: "submit" }, `Trigger ${step.step}`));
+      form.addEventListener("submit", (event) => {
+        event.preventDefault();
+        trigger(step.step, textarea, message);
+      });
+      panel.append(form);
+      if (hadFocus) textarea.focus();
+    }
+    if (step.error != null && step.error !== "") {
+      panel.append(h("h3", null, "Error"), codeBlock(step.error, "error"));
+    }
+    if (step.output !== undefined && step.output !== null) {
+      panel.append(h("h3", null, "Output"), codeBlock(step.output));
+    } else if (!step.error) {
+      panel.append(h("p", { class: "muted" }, "No output yet."));
+    }
+  }
+
+  function dagWidth() {
+    const card = root.querySelector("#dag-card");
+    return card ? card.clientWidth - 18 : 0;
+  }
+
+  /** Draw the graph when its shape (or the best direction) changed; otherwise recolour it. */
+  function drawDag({ resized = false } = {}) {
+    const card = root.querySelector("#dag-card");
+    if (!card) return;
+    const direction = chooseLayout(steps, dagWidth()).direction;
+    if (!dag || !dag.sameShape(steps) || dag.direction !== direction) {
+      dag = renderDag(steps, { onSelect: choose, selected, available: dagWidth() });
+      clear(card).append(steps.length ? dag.svg : emptyState("This workflow has no steps."));
+      dag.fitLabels();
+    } else if (!resized) {
+      dag.update(steps);
+    }
+    dag.fitWidth(dagWidth());
+  }
+
+  function choose(step) {
+    selected = step;
+    if (dag) dag.select(selected);
+    renderPanel();
+  }
+
+  function renderHeader() {
+    const actions = [h("a", { class: "btn", href: `#/timeline?workflow=${encodeURIComponent(workflowId)}` },
+      "Events in timeline")];
+    if (workflow.status === "running") {
+      actions.push(h("button", { class: "btn danger", id: "workflow-cancel", type: "button", onclick: cancelWorkflow },
+        "Cancel workflow"));
+    }
+    clear(header).append(
+      h("div", null,
+        h("h1", null, h("span", null, workflow.name ?? "workflow"), " ",
+          h("span", { id: "workflow-status" }, pill(workflow.status))),
+        h("code", { class: "fullid" }, workflow.id),
+        h("div", { class: "meta" },
+          h("span", null, "created ", dateTime(workflow.created_at)),
+          workflow.finished_at ? h("span", null, "finished ", dateTime(workflow.finished_at),
+            ` (${between(workflow.created_at, workflow.finished_at)})`) : null,
+          Object.keys(workflow.tags || {}).length ? tagChips(workflow.tags) : null),
+        statusCounts(steps)),
+      h("div", { class: "actions" }, actions));
+  }
+
+  function render(history) {
+    if (!header) {
+      header = h("header", { class: "detail-header" });
+      panel = h("aside", { class: "card step-panel", id: "step-panel" });
+      historyHost = h("div");
+      clear(root).append(
+        h("nav", { class: "crumbs" }, h("a", { href: "#/timeline" }, "Timeline"), " / workflow"),
+        header,
+        h("div", { class: "wf-body" }, h("div", { class: "card dag-card", id: "dag-card" }), panel),
+        legend(),
+        h("h2", null, "History ", h("span", { class: "muted small" }, "(heartbeats hidden)")),
+        historyHost);
+    }
+    renderHeader();
+    drawDag();
+    renderPanel();
+    const stepByJob = new Map(steps.map((step) => [step.job_id, step.step]));
+    keepOpenDetails(historyHost, () => clear(historyHost).append(historyList(
+      history.filter((event) => event.type !== "Heartbeat"),
+      { stepOf: (event) => stepByJob.get(event.stream_id), label: "Workflow history" })));
+  }
+
+  async function load() {
+    if (loading) {
+      loadAgain = true;
+      return;
+    }
+    loading = true;
+    try {
+      const [body, events] = await Promise.all([
+        api(`/workflows/${encodeURIComponent(workflowId)}`),
+        api(`/workflows/${encodeURIComponent(workflowId)}/events`),
+      ]);
+      if (disposed) return;
+      const history = (events && events.events) || [];
+      workflow = body;
+      steps = mergeDefinitions(body.steps || [], history);
+      if (selected === null && !header) selected = (steps.find(isTriggerable) || {}).step ?? null;
+      render(history);
+    } catch (error) {
+      if (disposed) return;
+      header = null;
+      dag = null;
+      clear(root).append(
+        h("nav", { class: "crumbs" }, h("a", { href: "#/timeline" }, "Timeline"), " / workflow"),
+        emptyState(error instanceof ApiError && error.status === 404
+          ? `No workflow ${workflowId}.` : `Could not load the workflow: ${error.message}`));
+    } finally {
+      loading = false;
+      if (loadAgain && !disposed) {
+        loadAgain = false;
+        load();
+      }
+    }
+  }
+
+  const refresh = debounce(load, 100);
+  const unsubscribe = subscribe((event) => {
+    if (event.type === "Heartbeat") return;
+    if (event.workflow_id === workflowId || event.stream_id === workflowId) refresh();
+  });
+  const timer = setInterval(load, FALLBACK_REFRESH_MS);
+  const onResize = debounce(() => drawDag({ resized: true }), 100);
+  window.addEventListener("resize", onResize);
+  load();
+  return () => {
+    disposed = true;
+    window.removeEventListener("resize", onResize);
+    refresh.cancel();
+    clearInterval(timer);
+    unsubscribe();
+  };
+}
