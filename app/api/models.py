@@ -172,6 +172,10 @@ class StepView(BaseModel):
     attempts: int
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    type: str = "task"
+    task: str | None = None
+    when: dict[str, Any] | None = None
+    on_failure: str | None = None
 
 
 class WorkflowView(BaseModel):

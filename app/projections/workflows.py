@@ -24,6 +24,10 @@ def step_view(row: dict[str, Any]) -> dict[str, Any]:
         "depends_on": list(row.get("depends_on") or []), "output": row.get("result"),
         "error": row.get("last_error"), "attempts": row.get("attempts", 0),
         "started_at": row.get("started_at"), "finished_at": row.get("finished_at"),
+        # beyond the contract: what the dashboard needs to draw the DAG
+        "type": row.get("step_type") or "task", "when": row.get("condition"),
+        "on_failure": row.get("on_failure"),
+        "task": row.get("task") if (row.get("step_type") or "task") == "task" else None,
     }
 
 
