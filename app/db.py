@@ -47,7 +47,7 @@ from urllib.parse import urlsplit, urlunsplit, quote
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import ConnectionPool
 
 from app.settings import Settings, get_settings
 
@@ -99,33 +99,6 @@ def make_pool(
         pool.wait(timeout=timeout)
     except BaseException:
         pool.close()
-        raise
-    return pool
-
-
-async def make_async_pool(
-    url: str,
-    min_size: int = 1,
-    max_size: int = 10,
-    *,
-    name: str | None = None,
-    timeout: float = 30.0,
-    **connection_kwargs: Any,
-) -> AsyncConnectionPool:
-    """The async twin of make_pool(); a coroutine, because opening an async pool in its constructor is deprecated."""
-    pool = AsyncConnectionPool(
-        url,
-        min_size=min_size,
-        max_size=max_size,
-        kwargs=connection_kwargs or None,
-        name=name,
-        timeout=timeout,
-        open=False,
-    )
-    try:
-        await pool.open(wait=True, timeout=timeout)
-    except BaseException:
-        await pool.close()
         raise
     return pool
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sys
@@ -19,7 +18,6 @@ from app.db import (
     EmbeddedPostgres,
     EmbeddedPostgresError,
     connect,
-    make_async_pool,
     make_pool,
     resolve_database_url,
     stop_embedded,
@@ -224,19 +222,6 @@ def test_pools_open_ready_and_pass_connection_options(db_url: str) -> None:
         assert pool.get_stats()["pool_available"] == 2
         with pool.connection() as conn:
             assert conn.execute("SELECT 7 AS n").fetchone() == {"n": 7}
-
-    async def use_async_pool() -> int:
-        pool = await make_async_pool(db_url, min_size=1, max_size=2)
-        try:
-            async with pool.connection() as conn:
-                cursor = await conn.execute("SELECT 8")
-                row = await cursor.fetchone()
-                assert row is not None
-                return row[0]
-        finally:
-            await pool.close()
-
-    assert asyncio.run(use_async_pool()) == 8
 
 
 def test_with_database_rewrites_urls_and_keyword_strings() -> None:
