@@ -3,6 +3,7 @@ log, every status change follows the state machine table, and backoff follows it
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta, timezone
 
 from hypothesis import HealthCheck, given, settings
@@ -45,13 +46,14 @@ def _check(conn, job_id) -> None:
        max_retries=st.integers(min_value=0, max_value=3))
 def test_random_command_sequences_keep_projection_equal_to_fold(conn, actions, max_retries):
     now = datetime.now(timezone.utc)
-    job_id = make_job(conn, max_retries=max_retries, now=now)
+    queue = f"q{uuid.uuid4().hex}"  # examples share the database: claim only this example's job
+    job_id = make_job(conn, max_retries=max_retries, now=now, queue=queue)
     attempt = 0
     for action in actions:
         report = Report(job_id, attempt, result={"a": attempt}, error="e")
         stale = Report(job_id, attempt - 1, result={"stale": True}, error="late")
         if action == "claim":
-            got = claim(conn, ["default"], 1, "w", now=now)
+            got = claim(conn, [queue], 1, "w", now=now)
             attempt = got[0].attempt if got else attempt
         elif action == "heartbeat":
             heartbeat(conn, [report], actor="w", now=now)
