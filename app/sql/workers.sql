@@ -1,0 +1,63 @@
+-- name: worker_record
+-- A worker's own row, written on start and on every heartbeat tick. One upsert
+-- for both, so a row removed by hand (or a worker marked gone that was only
+-- slow) comes back on the next tick.
+INSERT INTO workers (name, host, pid, queues, concurrency, running, status, started_at,
+                     last_seen, stopped_at)
+VALUES (%(name)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(running)s::jsonb,
+        'running', %(started_at)s, now(), NULL)
+ON CONFLICT (name) DO UPDATE
+   SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
+       concurrency = excluded.concurrency, running = excluded.running,
+       status = 'running', started_at = excluded.started_at,
+       last_seen = excluded.last_seen, stopped_at = NULL
+
+-- name: worker_stop
+-- A clean shutdown: the worker leaves the live list at once.
+UPDATE workers
+   SET status = 'stopped', running = '[]', last_seen = now(), stopped_at = now()
+ WHERE name = %(name)s
+
+-- name: workers_mark_gone
+-- The monitor's sweep: workers silent for longer than the stale limit. Their
+-- jobs are recovered separately, by heartbeat age (job_stale).
+UPDATE workers
+   SET status = 'gone', stopped_at = now()
+ WHERE status = 'running'
+   AND last_seen < now() - make_interval(secs => %(stale_seconds)s)
+RETURNING name
+
+-- name: workers_live
+-- Live means heartbeating recently, whether or not the monitor swept yet.
+SELECT name, host, pid, queues, concurrency, running, last_seen, started_at
+  FROM workers
+ WHERE status = 'running'
+   AND last_seen >= now() - make_interval(secs => %(stale_seconds)s)
+ ORDER BY name
+
+-- name: job_release
+-- Fenced batch hand-back by a stopping worker: Released puts the current
+-- attempt's job back to pending without using up an attempt (the fold counts it
+-- in free_attempts). A job that was cancelled or re-claimed meanwhile matches
+-- no row and stays as it is.
+WITH report AS (
+    SELECT * FROM jsonb_to_recordset(%(reports)s::jsonb) AS r(id uuid, attempt integer)
+), target AS (
+    SELECT j.id, j.version, j.tags, j.workflow_id, j.attempts
+      FROM jobs j JOIN report r ON r.id = j.id AND r.attempt = j.attempts
+     WHERE state_allows('job', j.status, 'Released')
+     ORDER BY j.id
+       FOR UPDATE OF j
+)
+INSERT INTO events (stream_type, stream_id, version, type, data, tags, workflow_id,
+                    occurred_at, actor)
+SELECT 'job', t.id, t.version + 1, 'Released',
+       jsonb_build_object('attempt', t.attempts, 'reason', %(reason)s::text),
+       t.tags, t.workflow_id, coalesce(%(now)s::timestamptz, now()), %(actor)s
+  FROM target t
+RETURNING stream_id AS id
+
+-- name: monitor_try_lead
+-- Monitor leadership: a session advisory lock, held until the leader's
+-- connection ends (so a dead leader frees it without anyone's help).
+SELECT pg_try_advisory_lock(%(key)s)

@@ -1,0 +1,97 @@
+"""A database connection that outlives PostgreSQL restarts, for the long-running worker and monitor."""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, Callable, TypeVar
+
+import psycopg
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# What a restart, a failover or a broken network looks like to a client.
+# psycopg files deadlocks and serialization failures (SQLSTATE 40xxx) under
+# OperationalError too: those are transient as well, and retrying them is what
+# we want, but they do not cost the connection.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (psycopg.OperationalError, psycopg.InterfaceError)
+
+CONNECT_TIMEOUT_SECONDS = 5
+# Only used on TCP: notice a peer that vanished without a reset in about 25 s
+# (idle) or 30 s (waiting for an answer) instead of the kernel's hours.
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+              "tcp_user_timeout": 30_000}
+
+
+class Backoff:
+    """Capped exponential delays with jitter: 0.1, 0.2, 0.4 ... cap seconds (each 50-100 %).
+
+    The cap is low on purpose: a failed connection attempt costs next to
+    nothing, and every second a worker waits after the database is back, its
+    running jobs go without heartbeats.
+    """
+
+    def __init__(self, base: float = 0.1, cap: float = 2.0) -> None:
+        self.base, self.cap, self.failures = base, cap, 0
+
+    def next_delay(self) -> float:
+        delay = min(self.cap, self.base * 2 ** min(self.failures, 30))
+        self.failures += 1
+        return delay * random.uniform(0.5, 1.0)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+def connect(url: str, application_name: str, **kwargs: Any) -> psycopg.Connection:
+    """An autocommit connection (so each command's transaction() is a real transaction)."""
+    return psycopg.connect(url, autocommit=True, application_name=application_name[:63],
+                           connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES, **kwargs)
+
+
+async def connect_async(url: str, application_name: str) -> psycopg.AsyncConnection:
+    return await psycopg.AsyncConnection.connect(
+        url, autocommit=True, application_name=application_name[:63],
+        connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES)
+
+
+class Reconnecting:
+    """One sync connection, opened on first use and again after it breaks.
+
+    `run(fn)` calls `fn(conn, ...)`; a transient error propagates (the caller
+    decides when to retry), and if it broke the connection the next `run`
+    opens a new one. Not thread-safe: one caller (thread) at a time.
+    """
+
+    def __init__(self, url: str, application_name: str) -> None:
+        self.url = url
+        self.application_name = application_name
+        self.conn: psycopg.Connection | None = None
+
+    def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if self.conn is None or self.conn.closed:
+            self.conn = connect(self.url, self.application_name)
+            log.debug("connected to the database")
+        conn = self.conn
+        try:
+            return fn(conn, *args, **kwargs)
+        except TRANSIENT_ERRORS:
+            if conn.closed or conn.broken:
+                self.close()
+            raise
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # closing a broken connection must not mask why it broke
+                log.debug("error closing a connection", exc_info=True)
+
+
+def describe(exc: BaseException) -> str:
+    """One line for the log: the error class and its first line."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")

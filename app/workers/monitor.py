@@ -1,0 +1,182 @@
+"""The monitor: one leader at a time recovers stale jobs, fires timers and marks silent workers gone.
+
+Leadership is a session advisory lock held by the monitor's own connection.
+Any number of monitors may run: the others retry the lock every tick, and when
+the leader dies its connection closes, the lock frees and one of them takes
+over. The leader does its work on that same connection, so if the connection
+breaks it stops acting at once (its lock is gone too) and competes again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Callable
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from app.commands import workers
+from app.commands.manage import recover_stale
+from app.commands.workflows import fire_timers
+from app.settings import Settings, get_settings
+from app.sql import q
+from app.workers.connection import TRANSIENT_ERRORS, Backoff, connect, describe
+
+log = logging.getLogger("qforge.monitor")
+
+# Fixed key of the leadership lock ("QForge" in ASCII plus 2; migrations use +1).
+MONITOR_LOCK_KEY = 0x5146_6F72_6765_0002
+BATCH_LIMIT = 100  # stale jobs or timers per transaction; a tick repeats until fewer come back
+SLEEP_SLICE_SECONDS = 0.05  # how quickly a sleeping monitor notices a signal
+
+
+class Monitor:
+    def __init__(self, url: str, *, name: str, settings: Settings | None = None) -> None:
+        self.settings = settings or get_settings()
+        self.url = url
+        self.name = name
+        self.actor = f"monitor:{name}"
+        self.stopping = False
+        self.judge_after = float("-inf")  # no stale-job recovery or worker sweep before this (monotonic)
+
+    def stop(self, *_: object) -> None:
+        """Signal-safe: only sets a flag that the loop checks."""
+        self.stopping = True
+
+    def run(self) -> int:
+        tick = self.settings.monitor_tick_seconds
+        backoff = Backoff()
+        # The lock belongs to this connection's session: a new connection
+        # never inherits leadership, it has to win the lock again.
+        conn: psycopg.Connection | None = None
+        leader = waiting_logged = False
+        outage_since: float | None = None
+        try:
+            while not self.stopping:
+                try:
+                    if conn is None:
+                        conn = connect(self.url, f"qforge-monitor {self.name}")
+                        leader = False
+                        if outage_since is not None:
+                            # Workers lost the database too and could not
+                            # heartbeat: judge staleness only once they had
+                            # a full stale period to reconnect and beat again.
+                            self.judge_after = time.monotonic() + self.settings.stale_seconds
+                            log.info("database back after %.1fs; recovering stale jobs again in %gs",
+                                     time.monotonic() - outage_since, self.settings.stale_seconds)
+                            outage_since = None
+                    if not leader:
+                        leader = _try_lock(conn)
+                        if leader:
+                            log.info("monitor %s is the leader", self.name)
+                            waiting_logged = False
+                        elif not waiting_logged:
+                            log.info("monitor %s is waiting: another monitor leads", self.name)
+                            waiting_logged = True
+                    if leader:
+                        self.tick(conn)
+                    backoff.reset()
+                    self._sleep(tick)
+                except TRANSIENT_ERRORS as exc:
+                    if conn is None or conn.closed or conn.broken:
+                        if outage_since is None:
+                            outage_since = time.monotonic()
+                            log.warning("database unavailable (%s)%s; reconnecting", describe(exc),
+                                        ": no longer leading" if leader else "")
+                        _close(conn)
+                        conn, leader = None, False
+                    else:  # a deadlock or a cancelled statement: the session (and its lock) survive
+                        log.warning("tick failed (%s); retrying", describe(exc))
+                    self._sleep(backoff.next_delay())
+                except psycopg.Error:
+                    log.exception("unexpected database error; retrying")
+                    self._sleep(max(tick, backoff.next_delay()))
+        finally:
+            _close(conn)  # frees the lock now rather than when the server notices
+        log.info("monitor %s stopped", self.name)
+        return 0
+
+    def tick(self, conn: psycopg.Connection) -> None:
+        """One round of the leader's duties."""
+        stale = self.settings.stale_seconds
+        fired = sum(_drain_counts(lambda: fire_timers(conn, limit=BATCH_LIMIT, actor=self.actor)))
+        if fired:
+            log.info("fired %d timers (sleep steps ended, trigger waits timed out)", fired)
+        if time.monotonic() < self.judge_after:
+            return
+        recovered = _drain(lambda: recover_stale(conn, stale_seconds=stale, limit=BATCH_LIMIT, actor=self.actor))
+        if recovered:
+            log.info("recovered %d stale jobs (no heartbeat for %gs): %s", len(recovered), stale,
+                     _ids(recovered))
+        gone = workers.mark_gone(conn, stale_seconds=stale)
+        if gone:
+            log.info("workers gone (silent for over %gs): %s", stale, ", ".join(gone))
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, SLEEP_SLICE_SECONDS))
+
+
+def _close(conn: psycopg.Connection | None) -> None:
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:  # closing a broken connection must not mask why it broke
+            log.debug("error closing a connection", exc_info=True)
+
+
+def _try_lock(conn: psycopg.Connection) -> bool:
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(q("monitor_try_lead"), {"key": MONITOR_LOCK_KEY}).fetchone()
+    return bool(row and row[0])
+
+
+def _drain(batch: Callable[[], list]) -> list:
+    """Repeat a limited batch command until it returns a short batch."""
+    found: list = []
+    while True:
+        items = batch()
+        found += items
+        if len(items) < BATCH_LIMIT:
+            return found
+
+
+def _drain_counts(batch: Callable[[], int]) -> list[int]:
+    counts: list[int] = []
+    while True:
+        counts.append(batch())
+        if counts[-1] < BATCH_LIMIT:
+            return counts
+
+
+def _ids(ids: list) -> str:
+    shown = ", ".join(str(i) for i in ids[:10])
+    return shown + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+
+
+def cli_main(args: argparse.Namespace) -> int:
+    """``qforge monitor``."""
+    from app.db import EmbeddedPostgresError, resolve_database_url
+    from app.workers.worker import configure_logging
+
+    settings = get_settings()
+    configure_logging(settings)
+    try:
+        url = resolve_database_url(args.database_url)
+    except EmbeddedPostgresError as exc:
+        print(f"qforge monitor: {exc}", file=sys.stderr)
+        return 1
+    monitor = Monitor(url, name=f"{socket.gethostname()}-{os.getpid()}", settings=settings)
+    signal.signal(signal.SIGTERM, monitor.stop)
+    signal.signal(signal.SIGINT, monitor.stop)
+    return monitor.run()
