@@ -10,12 +10,13 @@ equals live by construction and `verify` proves it on a real database.
   schema, chunk by chunk of streams in one REPEATABLE READ snapshot.
 - verify: fold and compare chunk by chunk with the live tables, in one
   read-only snapshot, so it runs while the system works; nothing is written.
-- swap: make the live tables equal to a rebuild, atomically. Under locks that
-  stop writers (not readers) it folds again the streams that changed since the
-  rebuild's snapshot, then deletes, updates and inserts only the rows that
-  differ. The live tables stay the same tables, so their indexes, the
-  events_project() trigger and the functions typed on their rows stay valid,
-  and the lock is held for the delta, not for the whole replay.
+- swap: make the live tables equal to a rebuild, atomically. It marks the
+  rows that differ without locks; then, in one transaction under locks that
+  stop writers (not readers), it folds again the streams that got events
+  since the rebuild's snapshot and deletes, updates and inserts only those
+  rows and the marked ones. The live tables stay the same tables, so their
+  indexes, the events_project() trigger and the functions typed on their rows
+  stay valid, and writers wait for the delta, not for the whole replay.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ CANDIDATES_TABLE = "replay_candidates"
 # Events per chunk: big enough that per-statement costs vanish, small enough
 # for steady progress reports and modest memory per fold.
 CHUNK_EVENTS = 50_000
-# Fixed key of the transaction advisory lock that keeps two rebuilds out of
-# one scratch schema ("QForge" in ASCII plus 4, as migrate's key plus 1 is 0001).
+# Fixed key of the advisory lock that keeps rebuilds and swaps out of each
+# other's way ("QForge" in ASCII, then 0004; app/migrate.py uses ...0001).
 REPLAY_LOCK_KEY = 0x5146_6F72_6765_0004
 NIL_ID = UUID(int=0)
 
@@ -55,17 +56,18 @@ class Projection:
 
     table: str
     fold: str
+    # Compared in one statement rather than chunk by chunk: a table whose
+    # primary key does not start with id would be scanned whole per chunk.
+    verify_whole: bool = False
 
 
-# Workflows first: the order in which the swap writes them, as the live
-# path locks a workflow before its steps.
 PROJECTIONS = (
     Projection("workflows", "replay_workflows"),
     Projection("jobs", "replay_jobs"),
-    Projection("execution_tags", "replay_execution_tags"),
+    Projection("execution_tags", "replay_execution_tags", verify_whole=True),
 )
 
-Progress = Callable[[int, int], None]  # (events folded so far, events in all)
+Progress = Callable[[int, int], None]  # (events read so far, events in the log)
 
 
 @dataclass
@@ -154,6 +156,7 @@ def rebuild(conn, schema: str = SCRATCH_SCHEMA, as_of_position: int | None = Non
     names = _scratch_names(schema)
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(q("replay_repeatable_read"))
+        _refuse_live_schema(cur, schema)
         cur.execute(q("replay_work_mem"))
         cur.execute(q("replay_snapshot"))
         snapshot = cur.fetchone()["snapshot"]
@@ -169,7 +172,7 @@ def rebuild(conn, schema: str = SCRATCH_SCHEMA, as_of_position: int | None = Non
         cur.execute(_template("replay_scratch_meta", meta=names[META_TABLE]))
         stats = RebuildStats(schema, as_of_position, extent["last_position"], extent["events"],
                              {p.table: 0 for p in PROJECTIONS})
-        for lo, hi in _chunks(cur, chunk_events, extent["events"], progress):
+        for lo, hi in _chunks(cur, chunk_events, extent["scanned"], progress):
             params = {"lo": lo, "hi": hi, "ids": None, "as_of": as_of_position}
             for projection in PROJECTIONS:
                 stats.rows[projection.table] += _insert_folded(cur, names[projection.table],
@@ -232,12 +235,19 @@ def verify_report(conn, *, progress: Progress | None = None,
         cur.execute(q("replay_log_extent"), {"as_of": None}, prepare=False)
         extent = cur.fetchone()
         statements = {p.table: _compare_statement(cur, p) for p in PROJECTIONS}
-        for lo, hi in _chunks(cur, chunk_events, extent["events"], progress):
-            params = {"lo": lo, "hi": hi, "ids": None, "as_of": None}
+
+        def compare(projection: Projection, lo: UUID, hi: UUID | None) -> None:
+            cur.execute(statements[projection.table],
+                        {"lo": lo, "hi": hi, "ids": None, "as_of": None}, prepare=False)
+            differences.extend(_difference(projection.table, row) for row in cur.fetchall())
+
+        for lo, hi in _chunks(cur, chunk_events, extent["scanned"], progress):
             for projection in PROJECTIONS:
-                cur.execute(statements[projection.table], params, prepare=False)
-                for row in cur.fetchall():
-                    differences.append(_difference(projection.table, row))
+                if not projection.verify_whole:
+                    compare(projection, lo, hi)
+        for projection in PROJECTIONS:
+            if projection.verify_whole:
+                compare(projection, NIL_ID, None)
     return VerifyReport(differences, extent["last_position"], extent["events"],
                         time.monotonic() - started)
 
@@ -412,6 +422,15 @@ def _require_idle(conn) -> None:
                          " (it sets the isolation level of its own)")
 
 
+def _refuse_live_schema(cur, schema: str) -> None:
+    """A rebuild drops and recreates its schema: never the one of the live tables."""
+    cur.execute(q("replay_live_schema"))
+    live = cur.fetchone()["schema"]
+    if schema == live or schema.startswith("pg_") or schema == "information_schema":
+        raise ReplayError(f"schema {schema} cannot be a scratch schema: a rebuild drops it"
+                          f" (the live projections are in {live})")
+
+
 def _scratch_names(schema: str) -> dict[str, sql.Composable]:
     tables = [p.table for p in PROJECTIONS] + [META_TABLE, CANDIDATES_TABLE]
     return {table: sql.Identifier(schema, table) for table in tables}
@@ -496,10 +515,10 @@ class ProgressPrinter:
 
     def __call__(self, done: int, total: int) -> None:
         now = time.monotonic()
+        if now - self.started < self.every:
+            return  # a short run needs no progress report
         if now - self.last < self.every and done < total:
             return
-        if done >= total and now - self.started < self.every:
-            return  # a short run needs no progress report
         self.last = now
         rate = done / (now - self.started) if now > self.started else 0.0
         share = 100 * done / total if total else 100
