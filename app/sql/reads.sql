@@ -72,8 +72,9 @@ SELECT w.id, w.name, w.status, w.tags, w.error, w.created_at, w.updated_at, w.fi
   FROM workflows w WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: queues_stats
--- Counts by queue and status (the jobs_queue_status index), and the age of the
--- oldest job that is due and waiting for a worker.
+-- Counts by queue and status, and the age of the oldest job that is due and
+-- waiting for a worker. A scan of jobs: there is deliberately no (queue, status)
+-- index, because the planner would pick it for the claim (see 0002).
 SELECT j.queue, j.status, count(*) AS n,
        extract(epoch FROM (now() - min(j.run_at) FILTER (WHERE j.run_at <= now())))::float8
            AS oldest_due_seconds
