@@ -149,6 +149,16 @@ def test_without_a_cursor_the_stream_starts_at_the_live_tail(server, conn, reade
     assert reader.quiet_for(0.5)
 
 
+def test_backlog_starts_that_many_events_before_the_live_tail(server, conn, readers):
+    add_jobs(conn, 1, 2, 3)
+    reader = open_reader(readers, server, params={"backlog": 2})
+    add_jobs(conn, 4)
+    assert numbers(reader.take(3)) == [2, 3, 4]
+    assert reader.quiet_for(0.5)
+    everything = open_reader(readers, server, params={"backlog": 1000})  # more than there is: all of it
+    assert numbers(everything.take(4)) == [1, 2, 3, 4]
+
+
 def test_reconnect_with_last_event_id_gets_exactly_the_missed_events(server, conn, readers):
     add_jobs(conn, *range(6))
     first = open_reader(readers, server, params={"after": "0"})

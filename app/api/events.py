@@ -79,9 +79,9 @@ def _read_page(resources: Resources, cursor: store.Cursor) -> list[Event]:
         return store.read_after(conn, cursor, PAGE_SIZE)
 
 
-def _tail(resources: Resources) -> store.Cursor:
+def _tail(resources: Resources, back: int = 0) -> store.Cursor:
     with resources.pool.connection() as conn:
-        return store.tail_cursor(conn)
+        return store.tail_cursor(conn, back)
 
 
 async def subscribe(resources: Resources, cursor: store.Cursor,
@@ -120,12 +120,15 @@ async def stream(request: Request, after: cursor_query = None,
                  tag: Annotated[list[str] | None, Query(max_length=20)] = None,
                  type: Annotated[list[str] | None, Query(
                      max_length=50, description="event types; repeat or comma-separate")] = None,
+                 backlog: Annotated[int, Query(
+                     ge=0, le=1000, description="without a cursor: start this many events "
+                                                "before the live tail")] = 0,
                  last_event_id: Annotated[str | None, Header(max_length=60)] = None,
                  token: Annotated[str | None, Query(
                      description="the API token, for EventSource (which cannot set headers)")] = None,
                  ) -> EventSourceResponse:
     """Live events. Resumes after Last-Event-ID (or ?after=; "0" = from the beginning);
-    without either it starts at the live tail. Filters: workflow_id, job_id, tag=key:value,
+    without either it starts at the live tail (or `backlog` events before it). Filters: workflow_id, job_id, tag=key:value,
     type. Never misses or repeats an event."""
     resources: Resources = request.app.state.resources
     types = {t.strip() for value in type or [] for t in value.split(",") if t.strip()}
@@ -135,7 +138,7 @@ async def stream(request: Request, after: cursor_query = None,
         cursor = parse_cursor(resume)
     else:
         try:
-            cursor = await run_in_threadpool(_tail, resources)
+            cursor = await run_in_threadpool(_tail, resources, backlog)
         except (psycopg.OperationalError, PoolTimeout):
             raise ApiError(503, "unavailable", "the database is not reachable right now") from None
     return EventSourceResponse(subscribe(resources, cursor, filters), ping=PING_SECONDS,

@@ -69,9 +69,10 @@ def read_after(conn, cursor: Cursor, limit: int = 500) -> list[Event]:
     })
 
 
-def tail_cursor(conn) -> Cursor:
+def tail_cursor(conn, back: int = 0) -> Cursor:
+    """The cursor of the live tail, or of `back` events before it (the start if fewer)."""
     with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(q("events_tail_cursor"))
+        cur.execute(q("events_tail_cursor"), {"back": back})
         row = cur.fetchone()
     return START if row is None else (int(row[0]), int(row[1]))
 

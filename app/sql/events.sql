@@ -32,9 +32,11 @@ SELECT u.* FROM events e, LATERAL event_upcast(e) u
  LIMIT %(limit)s
 
 -- name: events_tail_cursor
--- Where "the live tail" starts: the last event that a gapless reader can see now.
+-- Where "the live tail" starts: the last event that a gapless reader can see
+-- now, or `back` events before it (a page that opens with a little history).
 SELECT e.xid, e.position
   FROM events e
  WHERE e.xid < pg_snapshot_xmin(pg_current_snapshot())
  ORDER BY e.xid DESC, e.position DESC
+ OFFSET %(back)s
  LIMIT 1

@@ -87,7 +87,9 @@ function open() {
   if (source) source.close();
   opened += 1;
   const token = getToken();
-  const url = `/events/stream${query({ after: lastEventId, token })}`;
+  // The first stream opens with a little recent history; reconnects resume exactly.
+  const backlog = lastEventId ? undefined : 200;
+  const url = `/events/stream${query({ after: lastEventId, backlog, token })}`;
   source = new EventSource(url);
   source.addEventListener("open", () => {
     reconnectDelay = 500;

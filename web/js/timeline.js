@@ -151,7 +151,7 @@ export function mountTimeline(container, params) {
   const pauseButton = h("button", { class: "btn", id: "pause", type: "button" });
   const pausedNote = h("span", { class: "paused-note", id: "paused-note", "aria-live": "polite" });
   const empty = h("div", { class: "empty", id: "timeline-empty" },
-    "Waiting for events. The stream starts at the moment the page opened; enqueue a job or run ",
+    "Waiting for events. Enqueue a job or run ",
     h("code", null, "qforge demo"), " to see it move.");
   const count = h("span", { class: "count" });
 
