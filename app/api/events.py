@@ -9,19 +9,19 @@ sends it back as Last-Event-ID and resumes exactly after it.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Annotated, AsyncIterator
 from uuid import UUID
 
 import psycopg
 from fastapi import APIRouter, Header, Query, Request
 from psycopg_pool import PoolTimeout
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.api.common import ERRORS, bad_query, tags_of
 from app.api.deps import Conn, Resources
 from app.api.errors import ApiError
+from app.api.hub import Message, encode
 from app.api.models import EventPage
 from app.events import store
 from app.events.types import Event
@@ -85,26 +85,36 @@ def _tail(resources: Resources, back: int = 0) -> store.Cursor:
 
 
 async def subscribe(resources: Resources, cursor: store.Cursor,
-                    filters: Filters) -> AsyncIterator[ServerSentEvent]:
-    """Yield matching events after `cursor`, forever, one page in memory at a time.
+                    filters: Filters) -> AsyncIterator[bytes]:
+    """Yield the matching events after `cursor` as SSE bytes, forever.
 
-    The next page is read only once the previous one has been handed to the
-    client, so a slow client slows only itself.
+    Events come from the hub's shared cache when it reaches back to `cursor`,
+    else from the log itself, one page at a time; either way the next batch is
+    taken only once the previous one has been handed to the client, so a slow
+    client slows only itself and holds at most one page.
     """
     hub = resources.hub
     while True:
-        changed = hub.changed()  # taken before reading: a move during the read is not lost
-        try:
-            page = await run_in_threadpool(_read_page, resources, cursor)
-        except (psycopg.OperationalError, PoolTimeout):
-            await asyncio.sleep(1.0)  # the database is away; keep the client, retry
-            continue
-        for event in page:
-            cursor = store.cursor_of(event)
-            if filters.match(event):
-                yield ServerSentEvent(id=store.encode_cursor(cursor), event=event.type,
-                                      data=json.dumps(event.model_dump(mode="json")))
-        if len(page) < PAGE_SIZE:
+        changed = hub.changed()  # taken before reading: new events during the read are not lost
+        messages = hub.after(cursor, PAGE_SIZE)
+        if messages is None:  # behind the shared cache: read the log ourselves
+            try:
+                page = await run_in_threadpool(_read_page, resources, cursor)
+            except (psycopg.OperationalError, PoolTimeout):
+                await asyncio.sleep(1.0)  # the database is away; keep the client, retry
+                continue
+            # encode only what this client wants; the others just move the cursor
+            messages = [encode(event) if filters.match(event)
+                        else Message(store.cursor_of(event), event, b"") for event in page]
+            full = len(page) == PAGE_SIZE
+        else:
+            full = len(messages) == PAGE_SIZE
+        if messages:
+            cursor = messages[-1].cursor
+            chunk = b"".join(m.sse for m in messages if m.sse and filters.match(m.event))
+            if chunk:
+                yield chunk  # one write for the whole batch
+        if not full:
             try:
                 await asyncio.wait_for(changed.wait(), timeout=IDLE_RECHECK_SECONDS)
             except asyncio.TimeoutError:
