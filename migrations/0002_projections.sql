@@ -43,7 +43,6 @@ CREATE INDEX jobs_claim ON jobs (queue, priority DESC, run_at, id) WHERE status 
 CREATE INDEX jobs_running ON jobs (id) WHERE status = 'running';
 CREATE INDEX jobs_waiting ON jobs (run_at) WHERE status = 'waiting';
 CREATE INDEX jobs_workflow ON jobs (workflow_id) WHERE workflow_id IS NOT NULL;
-CREATE INDEX jobs_created ON jobs (created_at, id);
 CREATE UNIQUE INDEX jobs_idempotency ON jobs (idempotency_key) WHERE idempotency_key IS NOT NULL;
 
 CREATE TABLE workflows (

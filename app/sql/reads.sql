@@ -3,7 +3,7 @@
 -- after the last row of the previous one, never an OFFSET.
 
 -- name: jobs_list
--- Newest first. A tag filter starts from execution_tags (an index range on
+-- Newest first (after_created is carried in the cursor but not needed here). A tag filter starts from execution_tags (an index range on
 -- (key, value)) and checks the remaining tags on the row; no scan of jobs.
 SELECT j.* FROM jobs j
  WHERE (%(status)s::text IS NULL OR j.status = %(status)s)
@@ -13,9 +13,10 @@ SELECT j.* FROM jobs j
             j.id IN (SELECT t.id FROM execution_tags t
                       WHERE t.key = %(tag_key)s AND t.value = %(tag_value)s AND t.kind = 'job')
             AND j.tags @> %(tags)s::jsonb))
-   AND (%(after_created)s::timestamptz IS NULL
-        OR (j.created_at, j.id) < (%(after_created)s::timestamptz, %(after_id)s::uuid))
- ORDER BY j.created_at DESC, j.id DESC
+   AND (%(after_id)s::uuid IS NULL OR j.id < %(after_id)s::uuid)
+ -- ids are time-ordered (UUIDv7), so the primary key walked backwards is
+ -- newest first: no created_at index to maintain on every job transition.
+ ORDER BY j.id DESC
  LIMIT %(limit)s
 
 -- name: workflows_list
