@@ -1,0 +1,161 @@
+"""Helpers shared by every benchmark script, standard library only (the peers' venv imports it too)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Iterable
+from urllib.parse import quote, urlsplit, urlunsplit
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def with_database(url: str, dbname: str) -> str:
+    """The same server with another database name (postgresql:// URLs only)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + quote(dbname, safe="")))
+
+
+def load_queries(path: str) -> dict[str, str]:
+    """The `-- name: x` sections of a .sql file (the project's convention, see app/sql)."""
+    import re
+
+    with open(path) as handle:
+        text = handle.read()
+    marks = list(re.finditer(r"^--\s*name:\s*([a-z0-9_]+)\s*$", text, re.MULTILINE))
+    return {m.group(1): text[m.end():(marks[i + 1].start() if i + 1 < len(marks) else len(text))].strip()
+            for i, m in enumerate(marks)}
+
+
+def emit(result: dict[str, Any]) -> None:
+    """A driver's answer to run.py: one JSON line on stdout, prefixed so logs cannot be mistaken for it."""
+    sys.stdout.write("RESULT " + json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+def parse_result(stdout: str) -> dict[str, Any]:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"no RESULT line in driver output:\n{stdout[-2000:]}")
+
+
+# --- CPU -----------------------------------------------------------------------
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds spent not idle by all cores since boot (/proc/stat, first line)."""
+    with open("/proc/stat") as stat:
+        fields = stat.readline().split()[1:]
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    # guest time is already inside user; idle and iowait are not work.
+    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            raw = stat.read()
+    except OSError:
+        return 0.0
+    fields = raw[raw.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def children_of(parent_pids: Iterable[int]) -> set[int]:
+    """Every live process whose parent is one of `parent_pids` (one level)."""
+    parents = set(parent_pids)
+    found: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                raw = stat.read()
+        except OSError:
+            continue
+        ppid = int(raw[raw.rindex(")") + 2:].split()[1])
+        if ppid in parents:
+            found.add(int(entry))
+    return found
+
+
+def descendants_of(root_pids: Iterable[int]) -> set[int]:
+    found = set(root_pids)
+    frontier = set(found)
+    while frontier:
+        frontier = children_of(frontier) - found
+        found |= frontier
+    return found
+
+
+class CpuWindow:
+    """Whole-machine busy CPU over a window, plus the CPU of named groups of processes.
+
+    The machine is shared: other work shows up in the machine figure but not in
+    the attributed one (the workers plus the PostgreSQL processes of this run).
+    """
+
+    def __init__(self, groups: dict[str, set[int]] | None = None) -> None:
+        self.groups = {name: set(pids) for name, pids in (groups or {}).items()}
+        self.machine_start = machine_busy_seconds()
+        self.process_start = {pid: process_cpu_seconds(pid) for pids in self.groups.values() for pid in pids}
+        self.wall_start = time.perf_counter()
+
+    def stop(self, late: dict[str, set[int]] | None = None) -> dict[str, float]:
+        """`late`: processes of a group first seen at the end (a backend that connected meanwhile);
+        all their CPU falls inside the window."""
+        machine = machine_busy_seconds() - self.machine_start
+        wall = time.perf_counter() - self.wall_start
+        used = {"machine_cpu_s": machine, "wall_s": wall}
+        for name, pids in self.groups.items():
+            pids = pids | (late or {}).get(name, set())
+            used[f"{name}_cpu_s"] = max(0.0, sum(process_cpu_seconds(pid) - self.process_start.get(pid, 0.0)
+                                                 for pid in pids))
+        used["attributed_cpu_s"] = sum(used[f"{name}_cpu_s"] for name in self.groups)
+        return used
+
+
+# --- statistics ------------------------------------------------------------------
+
+
+def summarize(values: list[float]) -> dict[str, Any]:
+    """Median, min and max of the repetitions (the table shows all three)."""
+    clean = [v for v in values if v is not None]
+    if not clean:
+        return {"median": None, "min": None, "max": None, "values": values}
+    return {"median": statistics.median(clean), "min": min(clean), "max": max(clean), "values": values}
+
+
+def percentile(sorted_values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile of an already sorted list."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, int(round(fraction * len(sorted_values) + 0.5)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def read_latency_files(paths: Iterable[str]) -> list[float]:
+    """Lines "enqueued_at started_at" written by the latency tasks -> latencies in ms."""
+    latencies = []
+    for path in paths:
+        try:
+            with open(path) as handle:
+                for line in handle:
+                    parts = line.split()
+                    if len(parts) == 2:
+                        latencies.append((float(parts[1]) - float(parts[0])) * 1000.0)
+        except FileNotFoundError:
+            continue
+    return latencies
+
+
+def record_start(directory: str, enqueued_at: float) -> None:
+    """Called inside a latency task: append "enqueued_at started_at" to this process's file."""
+    started_at = time.time()
+    with open(os.path.join(directory, f"latency-{os.getpid()}.txt"), "a") as handle:
+        handle.write(f"{enqueued_at!r} {started_at!r}\n")

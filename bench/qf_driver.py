@@ -1,0 +1,84 @@
+"""QForge driver for run.py, run in the project's venv; the same verbs as the peers' drivers.
+
+    setup    --url U                        apply the migrations
+    enqueue  --url U --jobs N --batch B     enqueue N no-op jobs in batches (app.commands.enqueue); RESULT jobs/s
+    latency  --url U --jobs N --interval S  enqueue N jobs one at a time, enqueue time in the payload
+    worker   --url U --batch B              fallback drain loop (claim + complete), used only when
+                                            app/workers/worker.py does not exist
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+import psycopg
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import emit  # noqa: E402
+
+from app.commands.enqueue import JobSpec, enqueue as enqueue_jobs
+
+
+def setup(args: argparse.Namespace) -> None:
+    from app.migrate import migrate
+
+    with psycopg.connect(args.url, autocommit=True) as conn:
+        migrate(conn)
+
+
+def enqueue(args: argparse.Namespace) -> None:
+    with psycopg.connect(args.url, autocommit=True) as conn:
+        started = time.perf_counter()
+        for lo in range(0, args.jobs, args.batch):
+            size = min(args.batch, args.jobs - lo)
+            enqueue_jobs(conn, [JobSpec(task="bench_noop") for _ in range(size)], actor="bench")
+        elapsed = time.perf_counter() - started
+    emit({"jobs": args.jobs, "seconds": elapsed, "jobs_per_s": args.jobs / elapsed})
+
+
+def latency(args: argparse.Namespace) -> None:
+    with psycopg.connect(args.url, autocommit=True) as conn:
+        for _ in range(args.jobs):
+            enqueue_jobs(conn, [JobSpec(task="bench_latency", payload={"enqueued_at": time.time()})],
+                         actor="bench")
+            time.sleep(args.interval)
+    emit({"sent": args.jobs})
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Claim a batch, 'run' it (no-op), complete it in one statement; until SIGTERM."""
+    from app.commands.claim import claim
+    from app.commands.report import Report, complete
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    name = f"bench-loop-{os.getpid()}"
+    print("READY", file=sys.stderr, flush=True)
+    with psycopg.connect(args.url, autocommit=True) as conn:
+        while not stop:
+            jobs = claim(conn, ["default"], args.batch, name)
+            if not jobs:
+                time.sleep(0.01)
+                continue
+            complete(conn, [Report(j.id, j.attempt, result=None) for j in jobs], actor=name,
+                     workflow_ids_known=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command", choices=["setup", "enqueue", "latency", "worker"])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--interval", type=float, default=0.01)
+    parser.add_argument("--latency-dir", help="unused: the workers read BENCH_LATENCY_DIR")
+    args = parser.parse_args()
+    globals()[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

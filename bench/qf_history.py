@@ -1,0 +1,216 @@
+"""QForge only: build a large finished history fast, and measure claim throughput against it.
+
+The history is written with set-based SQL, not through the commands: each job
+gets its three events (Enqueued, Claimed, Succeeded) and the jobs row those
+events fold to, generated side by side from generate_series. The projection
+trigger is bypassed for speed (session_replication_role = replica, superuser
+only) and the rows are checked against the real fold (job_fold) on a sample,
+so the history is what the live path would have written. Ids are UUIDv7 in
+the past, as app.events.ids makes them, so later inserts land where live ones
+would (the right edge of every index).
+
+Run by run.py; also usable alone:
+    python bench/qf_history.py --database-url postgresql://postgres@127.0.0.1:5432/postgres --jobs 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import emit, load_queries, summarize, with_database  # noqa: E402
+
+KEPT_HISTORY = "qf_bench_history"  # the one history run.py keeps (--keep-history) and reuses
+HISTORY_CHUNK_JOBS = 500_000  # one transaction each: bounded WAL per commit, visible progress
+QUERIES = load_queries(os.path.join(os.path.dirname(os.path.abspath(__file__)), "qf_history.sql"))
+
+
+def recreate_database(admin_url: str, name: str) -> str:
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = with_database(admin_url, name)
+    from app.migrate import migrate
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        migrate(conn)
+    return url
+
+
+def schema_fingerprint() -> str:
+    """A hash of migrations/*.sql: a kept history is reused only with the very same schema."""
+    import hashlib
+
+    from app.migrate import migration_files
+
+    digest = hashlib.sha256()
+    for path in migration_files():
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def reusable_history(admin_url: str, jobs: int) -> dict[str, Any] | None:
+    """The generation record of a kept qf_bench_history of this size and schema, else None."""
+    try:
+        with psycopg.connect(with_database(admin_url, KEPT_HISTORY), autocommit=True) as conn:
+            row = conn.execute("SELECT record FROM bench_history_meta WHERE jobs = %s AND schema = %s",
+                               (jobs, schema_fingerprint())).fetchone()
+    except psycopg.Error:
+        return None
+    return None if row is None else {**row[0], "reused": True}
+
+
+def generate_history(url: str, jobs: int, *, parallel: int = 2, log=print) -> dict[str, Any]:
+    """Append `jobs` finished jobs (3 events each) and their rows; VACUUM ANALYZE; time every phase."""
+    started = time.perf_counter()
+    base_ms = int(time.time() * 1000) - jobs - 86_400_000  # all in the past, a day before now
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(QUERIES["history_id_function"])
+    chunks = [(lo, min(lo + HISTORY_CHUNK_JOBS, jobs)) for lo in range(0, jobs, HISTORY_CHUNK_JOBS)]
+    done = [0]
+    lock = threading.Lock()
+
+    def write_chunks(my_chunks: list[tuple[int, int]]) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SET session_replication_role = replica")  # no triggers: rows written directly
+            for lo, hi in my_chunks:
+                params = {"base_ms": base_ms, "lo": lo, "hi": hi}
+                with conn.transaction():
+                    conn.execute(QUERIES["history_events"], params)
+                    conn.execute(QUERIES["history_jobs"], params)
+                with lock:
+                    done[0] += hi - lo
+                    log(f"  history: {done[0]:,}/{jobs:,} jobs after {time.perf_counter() - started:.0f}s")
+
+    # Both cores: PostgreSQL spends the time in row building, index upkeep and WAL.
+    with ThreadPoolExecutor(parallel) as pool:
+        list(pool.map(write_chunks, [chunks[i::parallel] for i in range(parallel)]))
+    inserted = time.perf_counter() - started
+    with psycopg.connect(url, autocommit=True) as conn:
+        sample = [0, jobs // 2, jobs - 1]
+        ids = [conn.execute(QUERIES["history_id"], {"ms": base_ms + i, "n": i}).fetchone()[0] for i in sample]
+        differing, checked = conn.execute(QUERIES["history_check_sample"], {"ids": ids}).fetchone()
+        if checked != len(ids) or differing:
+            raise RuntimeError(f"generated history does not fold to its rows ({differing} of {checked} differ)")
+        # Without this, autovacuum would start on the fresh rows in the middle of the measurement.
+        conn.execute("SET maintenance_work_mem = '512MB'")
+        conn.execute("VACUUM (ANALYZE) jobs")
+        conn.execute("VACUUM (ANALYZE) events")
+        sizes = conn.execute(
+            "SELECT pg_total_relation_size('events'), pg_total_relation_size('jobs')").fetchone()
+    total = time.perf_counter() - started
+    record = {"jobs": jobs, "events": 3 * jobs, "insert_s": inserted, "total_s": total,
+              "events_bytes": sizes[0], "jobs_bytes": sizes[1]}
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE bench_history_meta (jobs bigint, schema text, record jsonb)")
+        conn.execute("INSERT INTO bench_history_meta VALUES (%s, %s, %s)",
+                     (jobs, schema_fingerprint(), Jsonb(record)))
+    return record
+
+
+# --- claim throughput ------------------------------------------------------------------
+
+
+def enqueue_pending(url: str, count: int) -> None:
+    from app.commands.enqueue import JobSpec, enqueue
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        for lo in range(0, count, 1000):
+            enqueue(conn, [JobSpec(task="bench_noop") for _ in range(min(1000, count - lo))],
+                    actor="bench")
+        conn.execute("ANALYZE jobs")
+
+
+def claim_throughput(url: str, pending: int, *, threads: int = 2, batch: int = 100,
+                     complete: bool = False) -> dict[str, float]:
+    """Claim (and optionally complete) `pending` jobs from `threads` connections in batches; jobs/s."""
+    from app.commands.claim import claim
+    from app.commands.report import Report, complete as complete_jobs
+
+    enqueue_pending(url, pending)
+    barrier = threading.Barrier(threads + 1)
+    counts = [0] * threads
+    errors: list[BaseException] = []
+
+    server_ns = [0] * threads
+
+    def run(index: int) -> None:
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+                name = f"bench-claim-{index}"
+                backend = conn.info.backend_pid
+                barrier.wait()
+                cpu_before = backend_cpu_ns(backend)
+                while True:
+                    jobs = claim(conn, ["default"], batch, name)
+                    if not jobs:
+                        break
+                    if complete:
+                        complete_jobs(conn, [Report(j.id, j.attempt, result=None) for j in jobs],
+                                      actor=name, workflow_ids_known=True)
+                    counts[index] += len(jobs)
+                server_ns[index] = backend_cpu_ns(backend) - cpu_before
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            barrier.abort()
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    if sum(counts) != pending:
+        raise RuntimeError(f"claimed {sum(counts)} of {pending} jobs")
+    return {"jobs": pending, "seconds": elapsed, "jobs_per_s": pending / elapsed,
+            "server_cpu_us_per_job": sum(server_ns) / 1e3 / pending if all(server_ns) else None}
+
+
+def backend_cpu_ns(pid: int) -> int:
+    """CPU time of a server process in ns (/proc/<pid>/schedstat: PostgreSQL on this machine), else 0."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as stat:
+            return int(stat.read().split()[0])
+    except OSError:
+        return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database-url", required=True, help="admin URL; databases are created beside it")
+    parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--pending", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--keep", action="store_true", help="keep the history database")
+    args = parser.parse_args()
+    url = recreate_database(args.database_url, KEPT_HISTORY)
+    history = generate_history(url, args.jobs, log=lambda m: print(m, file=sys.stderr))
+    print(history, file=sys.stderr)
+    results = {"history": history, "claim": [], "claim_complete": []}
+    for _ in range(args.repeat):
+        results["claim"].append(claim_throughput(url, args.pending)["jobs_per_s"])
+        results["claim_complete"].append(claim_throughput(url, args.pending, complete=True)["jobs_per_s"])
+    results["claim"] = summarize(results["claim"])
+    results["claim_complete"] = summarize(results["claim_complete"])
+    emit(results)
+    if not args.keep:
+        with psycopg.connect(args.database_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(KEPT_HISTORY)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,394 @@
+"""QForge, PgQueuer and Procrastinate side by side on one PostgreSQL: one command, one table.
+
+    python bench/run.py --database-url postgresql://postgres@127.0.0.1:5432/postgres --repeat 3
+    python bench/run.py --database-url ... --quick          # small sizes, a few minutes
+
+The URL names an existing database used only to create and drop the
+benchmark's own databases (qf_bench_<run id>_*, dropped at the end). The
+peers are installed into bench/.peers-venv on first use; they are not
+project dependencies. Prints a Markdown table and writes
+bench/results/<timestamp>.json with every repetition. Not part of the test
+suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+sys.path.insert(0, str(BENCH_DIR))
+sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+
+from common import parse_result, summarize  # noqa: E402
+from harness import Bench, System, ensure_peers_venv, python_of  # noqa: E402
+from qf_history import KEPT_HISTORY  # noqa: E402
+from report import goals, markdown_table  # noqa: E402
+
+PEER_PACKAGES = ["pgqueuer", "asyncpg", "procrastinate", "psycopg[binary]"]
+SYSTEMS = ("qforge", "pgqueuer", "procrastinate")
+PARTS = ("drain", "latency", "claim", "sse", "replay")
+
+
+def build_systems(args: argparse.Namespace, peers_python: str, bench: Bench) -> dict[str, System]:
+    qforge_env = {"PYTHONPATH": os.pathsep.join([str(BENCH_DIR), str(ROOT)]),
+                  "QFORGE_LOG_LEVEL": "WARNING"}
+    if (ROOT / "app" / "workers" / "worker.py").exists() and not args.qforge_loop:
+        console_script = Path(sys.executable).parent / "qforge"
+        qforge = [str(console_script)] if console_script.exists() else [sys.executable, "-m", "app.cli"]
+        qforge_worker = [*qforge, "worker", "--database-url", "{url}",
+                         "--concurrency", str(args.qforge_concurrency), "--tasks", "qf_tasks",
+                         "--name", "bench-{index}"]
+    else:  # the fallback: a minimal claim + complete loop over the same commands
+        qforge_worker = [sys.executable, str(BENCH_DIR / "qf_driver.py"), "worker", "--url", "{url}",
+                         "--batch", str(args.qforge_concurrency)]
+    return {
+        "qforge": System(
+            name="qforge", database=bench.name("qforge"), python=sys.executable,
+            driver=str(BENCH_DIR / "qf_driver.py"), worker_argv=qforge_worker, worker_env=qforge_env,
+            progress_sql="SELECT coalesce(max(position), 0) FROM events",
+            busy_sql="SELECT EXISTS (SELECT 1 FROM jobs WHERE status = 'pending')"
+                     " OR EXISTS (SELECT 1 FROM jobs WHERE status = 'running')",
+            done_count_sql="SELECT count(*) FROM jobs WHERE status = 'succeeded'",
+            # Every transition is in the log: Enqueued, Claimed, Succeeded per job.
+            extra_checks=[("events_per_job", "SELECT count(*)::float / nullif((SELECT count(*) FROM jobs), 0)"
+                                             " FROM events")]),
+        "pgqueuer": System(
+            name="pgqueuer", database=bench.name("pgqueuer"), python=peers_python,
+            driver=str(BENCH_DIR / "peer_pgqueuer.py"),
+            worker_argv=[peers_python, str(BENCH_DIR / "peer_pgqueuer.py"), "worker", "--url", "{url}",
+                         "--batch", "100"],
+            progress_sql="SELECT coalesce(max(id), 0) FROM pgqueuer_log",
+            busy_sql="SELECT EXISTS (SELECT 1 FROM pgqueuer)",
+            done_count_sql="SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"),
+        "procrastinate": System(
+            name="procrastinate", database=bench.name("procrastinate"), python=peers_python,
+            driver=str(BENCH_DIR / "peer_procrastinate.py"),
+            worker_argv=[peers_python, str(BENCH_DIR / "peer_procrastinate.py"), "worker", "--url", "{url}",
+                         "--concurrency", "16"],
+            progress_sql="SELECT coalesce(max(id), 0) FROM procrastinate_events",
+            busy_sql="SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))",
+            done_count_sql="SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"),
+    }
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --- the parts ----------------------------------------------------------------------------
+
+
+def run_drain(bench: Bench, systems: dict[str, System], args: argparse.Namespace) -> dict[str, Any]:
+    """Enqueue `jobs` in batches of 1,000 (figure 2), then drain them (figure 1), per repetition.
+
+    Repetitions are interleaved across systems so that a noisy minute on the
+    shared machine does not land on one system only.
+    """
+    raw: dict[str, dict[str, list]] = {name: {"enqueue": [], "drain": []} for name in systems}
+    for rep in range(args.repeat):
+        for name, system in systems.items():
+            jobs = args.procrastinate_jobs if name == "procrastinate" else args.jobs
+            bench.fresh_database(system.database)
+            bench.driver(system, "setup")
+            enqueued = bench.driver(system, "enqueue", "--jobs", str(jobs), "--batch", "1000")
+            drained = bench.drain(system, jobs)
+            raw[name]["enqueue"].append(enqueued)
+            raw[name]["drain"].append(drained)
+            log(f"{name} rep {rep + 1}: enqueue {enqueued['jobs_per_s']:,.0f} jobs/s, drain "
+                f"{drained['jobs_per_s']:,.0f} jobs/s, {drained['machine_cpu_us_per_job']:.0f} µs CPU/job "
+                f"(machine), {drained['attributed_cpu_us_per_job']:.0f} attributed = "
+                f"{drained['workers_cpu_us_per_job']:.0f} workers + {drained['postgres_cpu_us_per_job']:.0f} "
+                f"PostgreSQL")
+    return {name: {
+        "jobs": args.procrastinate_jobs if name == "procrastinate" else args.jobs,
+        "enqueue_jobs_per_s": summarize([r["jobs_per_s"] for r in parts["enqueue"]]),
+        "drain_jobs_per_s": summarize([r["jobs_per_s"] for r in parts["drain"]]),
+        "drain_machine_cpu_us_per_job": summarize([r["machine_cpu_us_per_job"] for r in parts["drain"]]),
+        "drain_attributed_cpu_us_per_job": summarize([r["attributed_cpu_us_per_job"] for r in parts["drain"]]),
+        "drain_workers_cpu_us_per_job": summarize([r["workers_cpu_us_per_job"] for r in parts["drain"]]),
+        "drain_postgres_cpu_us_per_job": summarize([r["postgres_cpu_us_per_job"] for r in parts["drain"]]),
+        "raw": parts} for name, parts in raw.items()}
+
+
+def run_latency(bench: Bench, systems: dict[str, System], args: argparse.Namespace) -> dict[str, Any]:
+    out = {}
+    for name, system in systems.items():
+        bench.fresh_database(system.database)
+        bench.driver(system, "setup")
+        reps = bench.latency(system, jobs=args.latency_jobs, interval=args.latency_interval,
+                             repeat=args.repeat)
+        out[name] = {"p50_ms": summarize([r["p50_ms"] for r in reps]),
+                     "p99_ms": summarize([r["p99_ms"] for r in reps]), "raw": reps}
+        log(f"{name} latency: p50 {out[name]['p50_ms']['median']:.1f} ms, "
+            f"p99 {out[name]['p99_ms']['median']:.1f} ms")
+    return out
+
+
+def run_claim(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
+    """Claim throughput on an empty history and on a large one (generation timed)."""
+    import qf_history
+
+    history_db = qf_history.KEPT_HISTORY if args.keep_history or args.reuse_history else bench.name("history")
+    history_url = bench.url(history_db)
+    generated = qf_history.reusable_history(bench.admin_url, args.history_jobs) if args.reuse_history else None
+    if generated:
+        log(f"reusing the kept history of {args.history_jobs:,} jobs (generated in {generated['total_s']:.0f}s)")
+    else:
+        log(f"generating a history of {args.history_jobs:,} finished jobs ({3 * args.history_jobs:,} events)")
+        bench.created.add(history_db)
+        history_url = qf_history.recreate_database(bench.admin_url, history_db)
+        generated = qf_history.generate_history(history_url, args.history_jobs, log=log)
+        log(f"history generated in {generated['total_s']:.0f}s "
+            f"(events {generated['events_bytes'] / 1e9:.1f} GB, jobs {generated['jobs_bytes'] / 1e9:.1f} GB)")
+    raw: dict[str, list[float]] = {f"{where}_{kind}{figure}": []
+                                   for where in ("empty", "history") for kind in ("claim", "claim_complete")
+                                   for figure in ("", "_server_cpu_us")}
+    for rep in range(args.repeat):
+        for complete in (False, True):
+            kind = "claim_complete" if complete else "claim"
+            # Alternate which goes first, so a noisy moment does not always land on the same side.
+            for where in (("empty", "history") if rep % 2 == 0 else ("history", "empty")):
+                if where == "history":
+                    url = history_url
+                else:
+                    bench.created.add(bench.name("claim_empty"))
+                    url = qf_history.recreate_database(bench.admin_url, bench.name("claim_empty"))
+                measured = qf_history.claim_throughput(url, args.claim_jobs, complete=complete)
+                raw[f"{where}_{kind}"].append(measured["jobs_per_s"])
+                raw[f"{where}_{kind}_server_cpu_us"].append(measured["server_cpu_us_per_job"])
+        log(f"claim rep {rep + 1}: empty {raw['empty_claim'][-1]:,.0f} / history {raw['history_claim'][-1]:,.0f}"
+            f" jobs/s; claim+complete empty {raw['empty_claim_complete'][-1]:,.0f} / history "
+            f"{raw['history_claim_complete'][-1]:,.0f}")
+    bench.drop_database(bench.name("claim_empty"))
+    if history_db != qf_history.KEPT_HISTORY:
+        bench.drop_database(history_db)
+    ratios = [h / e for h, e in zip(raw["history_claim"], raw["empty_claim"])]
+    ratios_complete = [h / e for h, e in zip(raw["history_claim_complete"], raw["empty_claim_complete"])]
+    return {"history": generated, "pending_jobs": args.claim_jobs,
+            **{key: summarize(values) for key, values in raw.items()},
+            "ratio": summarize(ratios), "ratio_complete": summarize(ratios_complete)}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+
+    url = bench.fresh_database(bench.name("sse"))
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "QFORGE_LOG_LEVEL": "WARNING"}
+    api_log = open(bench.log_dir / "sse-api.log", "w")
+    api = subprocess.Popen([sys.executable, "-m", "app.cli", "api", "--database-url", url, "--port", str(port)],
+                           stdout=api_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    reps = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if api.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"qforge api did not start; see {bench.log_dir / 'sse-api.log'}")
+            time.sleep(0.2)
+        for rep in range(args.repeat):
+            subscriber = subprocess.Popen(
+                [sys.executable, str(BENCH_DIR / "qf_sse.py"), "subscribe", "--port", str(port),
+                 "--subscribers", str(args.sse_subscribers)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            try:
+                if subscriber.stdout.readline().strip() != "READY":
+                    raise RuntimeError("SSE subscribers did not connect")
+                appended = parse_result(subprocess.run(
+                    [sys.executable, str(BENCH_DIR / "qf_sse.py"), "append", "--url", url,
+                     "--rate", str(args.sse_rate), "--seconds", str(args.sse_seconds)],
+                    capture_output=True, text=True, env=env, check=True).stdout)
+                out, _ = subscriber.communicate(f"{appended['events']}\n", timeout=120)
+            finally:
+                if subscriber.poll() is None:
+                    subscriber.kill()
+                    subscriber.wait()
+            result = {**parse_result(out), "appended_events_per_s": appended["events_per_s"]}
+            reps.append(result)
+            log(f"sse rep {rep + 1}: {result['subscribers']} subscribers, {appended['events_per_s']:.0f} events/s, "
+                f"p99 lag {result['p99_ms']:.0f} ms, complete={result['complete']}")
+    finally:
+        bench.stop_workers([api])
+        api_log.close()
+        bench.drop_database(bench.name("sse"))
+    return {"p50_ms": summarize([r["p50_ms"] for r in reps]), "p99_ms": summarize([r["p99_ms"] for r in reps]),
+            "subscribers": args.sse_subscribers, "rate": args.sse_rate, "seconds": args.sse_seconds, "raw": reps}
+
+
+def run_replay(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
+    """bench/replay_bench.py belongs to the replay engineer; this only calls it and reads its output."""
+    script = BENCH_DIR / "replay_bench.py"
+    if not script.exists():
+        return {"skipped": "bench/replay_bench.py does not exist yet"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    usage = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True,
+                           env=env).stdout
+    url_flag = "--server-url" if "--server-url" in usage else "--database-url"
+    argv = [sys.executable, str(script), url_flag, bench.admin_url]
+    if "--runs" in usage:
+        argv += ["--runs", str(args.repeat)]
+    if args.quick and "--jobs" in usage:
+        argv += ["--jobs", "100000"]
+    log(f"replay: {' '.join(argv[1:])}")
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=1800)
+    (bench.log_dir / "replay_bench.log").write_text(done.stdout + done.stderr)
+    found = read_replay_output(done.stdout)
+    if done.returncode != 0:
+        found["note"] = f"bench/replay_bench.py exited {done.returncode}; see {bench.log_dir}/replay_bench.log"
+    return found
+
+
+# "  rebuild run 2: 3.41 s (293,512 events/s), server CPU ..." (bench/replay_bench.py's own lines)
+REPLAY_RUN_LINE = re.compile(r"rebuild run \d+: [\d.]+ s \(([\d,]+) events/s\)")
+
+
+def read_replay_output(stdout: str) -> dict[str, Any]:
+    """Its per-run rebuild lines; else a JSON object carrying events_per_s."""
+    runs = [float(m.group(1).replace(",", "")) for m in REPLAY_RUN_LINE.finditer(stdout)]
+    if runs:
+        return {"events_per_s": summarize(runs), "output": stdout[-3000:]}
+    for line in reversed(stdout.splitlines()):
+        text = line[len("RESULT "):] if line.startswith("RESULT ") else line
+        if not text.strip().startswith("{"):
+            continue
+        try:
+            found = json.loads(text)
+        except ValueError:
+            continue
+        value = found.get("events_per_s")
+        if isinstance(value, dict) and "median" in value:
+            return {"events_per_s": value, "raw": found}
+        if isinstance(value, (int, float)):
+            return {"events_per_s": summarize([value]), "raw": found}
+    return {"skipped": "no rebuild figure in bench/replay_bench.py output", "output": stdout[-3000:]}
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database-url", default=os.environ.get("QFORGE_BENCH_DATABASE_URL"),
+                        help="PostgreSQL (15+) URL of an existing database, used to create qf_bench_* databases")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions per figure (at least 3)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes (10k jobs, 300 latency jobs, 500k history, 3 s of SSE)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="subset of qforge,pgqueuer,procrastinate")
+    parser.add_argument("--parts", default=",".join(PARTS), help="subset of " + ",".join(PARTS))
+    parser.add_argument("--jobs", type=int, default=100_000, help="drain size")
+    parser.add_argument("--procrastinate-jobs", type=int, default=10_000,
+                        help="drain size for Procrastinate: it drains 150-1,000 jobs/s here, so 100,000 would "
+                             "take 2-10 minutes per repetition; its claim only slows as the queue grows")
+    parser.add_argument("--qforge-concurrency", type=int, default=500,
+                        help="slots per `qforge worker` process in the drain")
+    parser.add_argument("--qforge-loop", action="store_true",
+                        help="drain QForge with bench/qf_driver.py's claim+complete loop instead of qforge worker")
+    parser.add_argument("--latency-jobs", type=int, default=1000)
+    parser.add_argument("--latency-interval", type=float, default=0.01, help="seconds between single enqueues")
+    parser.add_argument("--history-jobs", type=int, default=10_000_000,
+                        help="finished jobs in the large history (3 events each)")
+    parser.add_argument("--claim-jobs", type=int, default=20_000, help="pending jobs claimed per measurement")
+    parser.add_argument("--keep-history", action="store_true",
+                        help="write the history to qf_bench_history and keep it afterwards")
+    parser.add_argument("--reuse-history", action="store_true",
+                        help="reuse a kept qf_bench_history of the same size and schema (and keep it); "
+                             "its generation time is then the one recorded when it was made")
+    parser.add_argument("--sse-subscribers", type=int, default=100)
+    parser.add_argument("--sse-rate", type=int, default=1000, help="events appended per second")
+    parser.add_argument("--sse-seconds", type=float, default=10.0)
+    parser.add_argument("--out", default=str(BENCH_DIR / "results"), help="folder for the JSON and the logs")
+    args = parser.parse_args(argv)
+    if not args.database_url:
+        parser.error("--database-url (or QFORGE_BENCH_DATABASE_URL) is required")
+    if args.quick:
+        args.jobs, args.latency_jobs, args.history_jobs = 10_000, 300, 500_000
+        args.claim_jobs, args.sse_seconds = 10_000, 3.0
+    args.procrastinate_jobs = min(args.procrastinate_jobs, args.jobs)
+    if args.repeat < 3:
+        log("note: fewer than 3 repetitions; the figures are not medians of 3")
+    return args
+
+
+def server_facts(admin_url: str) -> dict[str, Any]:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        facts = {"version": conn.execute("SHOW server_version").fetchone()[0]}
+        for name in ("shared_buffers", "synchronous_commit", "fsync", "max_connections",
+                     "shared_preload_libraries"):
+            facts[name] = conn.execute("SELECT current_setting(%s)", (name,)).fetchone()[0]
+    return facts
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out_dir = Path(args.out)
+    bench = Bench(args.database_url, out_dir / "logs" / stamp, log=log)
+    wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    started = time.perf_counter()
+    versions: dict[str, str] = {}
+    peers_python = sys.executable
+    if any(name != "qforge" for name in wanted) and ("drain" in parts or "latency" in parts):
+        venv = BENCH_DIR / ".peers-venv"
+        versions = ensure_peers_venv(venv, PEER_PACKAGES, log=log)
+        peers_python = python_of(venv)
+    all_systems = build_systems(args, peers_python, bench)
+    systems = {name: all_systems[name] for name in SYSTEMS if name in wanted}
+    results: dict[str, Any] = {
+        "started_at": stamp, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if argv is None else argv,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "load_before": os.getloadavg()},
+        "postgres": server_facts(args.database_url), "peer_versions": versions,
+        "qforge_worker": " ".join(all_systems["qforge"].worker_argv),
+        "config": {k: v for k, v in vars(args).items() if k != "database_url"},
+    }
+    try:
+        if "drain" in parts:
+            results["drain"] = run_drain(bench, systems, args)
+        if "latency" in parts:
+            results["latency"] = run_latency(bench, systems, args)
+        if "qforge" in wanted and "claim" in parts:
+            results["claim"] = run_claim(bench, args)
+        if "qforge" in wanted and "sse" in parts:
+            results["sse"] = run_sse(bench, args)
+        if "qforge" in wanted and "replay" in parts:
+            results["replay"] = run_replay(bench, args)
+    finally:
+        bench.drop_all(keep={KEPT_HISTORY})
+    results["machine"]["load_after"] = os.getloadavg()
+    results["total_s"] = time.perf_counter() - started
+    results["goals"] = goals(results)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{stamp}.json"
+    json_path.write_text(json.dumps(results, indent=2, default=str))
+    print(markdown_table(results))
+    print(f"\n{json_path} ({results['total_s'] / 60:.1f} min); worker logs in {bench.log_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
