@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from app.events import types as ev
-from app.events.states import JOB_FINISHED
+from app.events.states import JOB_FINISHED, STEP_FINE
 
 STEP_TYPES = ("task", "wait_for_trigger", "sleep")
 
@@ -212,7 +212,7 @@ def evaluate(states: dict[str, StepState]) -> Verdict:
     if any(s not in JOB_FINISHED for s in status.values()):
         return Verdict(decisions, None)
     unhandled = [name for name, s in status.items()
-                 if s not in ("succeeded", "skipped") and not _handled(states[name], status)]
+                 if s not in STEP_FINE and not _handled(states[name], status)]
     if unhandled:
         errors = [f"{n} {status[n]}" + (f": {states[n].error}" if states[n].error else "")
                   for n in unhandled]

@@ -67,6 +67,9 @@ JOB_FINISHED = frozenset({"succeeded", "dead", "cancelled", "skipped"})
 # Statuses from which a job will still run without anyone's help.
 JOB_ACTIVE = frozenset({"pending", "running", "blocked", "waiting"})
 WORKFLOW_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+# Step statuses that do not fail their workflow (a dead step may still be
+# forgiven by a handler that succeeded: see app/commands/dag.py).
+STEP_FINE = frozenset({"succeeded", "skipped"})
 
 
 class IllegalTransition(Exception):
