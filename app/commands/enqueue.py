@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from psycopg.rows import tuple_row
-from app.events.ids import new_id
+from app.events.ids import new_ids
 from app.sql import q
 
 NAME_PATTERN = r"^[A-Za-z0-9_.:\-]{1,200}$"
@@ -62,16 +62,21 @@ class Enqueued:
     created: bool  # False: an existing job with the same idempotency_key
 
 
-def enqueued_data(spec: JobSpec, now: datetime, status: str = "pending",
-                  **step: Any) -> dict[str, Any]:
-    """The Enqueued event's data for a spec (workflow steps add their step fields)."""
+def enqueued_data(spec: JobSpec, now: datetime, status: str = "pending", *,
+                  now_iso: str | None = None, **step: Any) -> dict[str, Any]:
+    """The Enqueued event's data for a spec (workflow steps add their step fields).
+
+    `now_iso` is `now.isoformat()` when the caller already has it (a batch
+    formats its clock once, not once per job)."""
     if spec.run_at is not None:
-        run_at = spec.run_at
+        run_at = spec.run_at.isoformat()
+    elif spec.delay_seconds:
+        run_at = (now + timedelta(seconds=spec.delay_seconds)).isoformat()
     else:
-        run_at = now + timedelta(seconds=spec.delay_seconds or 0)
+        run_at = now_iso or now.isoformat()
     data: dict[str, Any] = {
         "task": spec.task, "queue": spec.queue, "priority": spec.priority,
-        "max_retries": spec.max_retries, "run_at": run_at.isoformat(),
+        "max_retries": spec.max_retries, "run_at": run_at,
         "payload": spec.payload, "status": status,
     }
     if spec.timeout_seconds is not None:
@@ -88,23 +93,23 @@ def enqueue(conn, specs: list[JobSpec], *, actor: str = "api",
     if not specs:
         return []
     clock = now or datetime.now(timezone.utc)
-    rows = [{"id": str(new_id()), "data": enqueued_data(spec, clock), "tags": spec.tags}
-            for spec in specs]
+    clock_iso = clock.isoformat()
+    ids = new_ids(len(specs))
+    rows = [{"id": str(job_id), "data": enqueued_data(spec, clock, now_iso=clock_iso),
+             "tags": spec.tags} for job_id, spec in zip(ids, specs)]
+    keyed = any(spec.idempotency_key is not None for spec in specs)
     with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(q("job_enqueue"), {"jobs": json.dumps(rows), "actor": actor, "now": now})
+        if not keyed:  # nothing can conflict: every job is new (skip parsing RETURNING)
+            return [Enqueued(job_id, True) for job_id in ids]
         inserted = {row[0] for row in cur.fetchall()}
-        missing_keys = [spec.idempotency_key for spec, row in zip(specs, rows)
-                        if uuid.UUID(row["id"]) not in inserted]
+        missing_keys = [spec.idempotency_key for spec, job_id in zip(specs, ids)
+                        if job_id not in inserted]
         existing: dict[str, uuid.UUID] = {}
         if missing_keys:
             # ON CONFLICT waited for the other writer, so its job is visible now.
             cur.execute(q("job_ids_by_idempotency_key"), {"keys": missing_keys})
             existing = {key: job_id for job_id, key in cur.fetchall()}
-    results = []
-    for spec, row in zip(specs, rows):
-        job_id = uuid.UUID(row["id"])
-        if job_id in inserted:
-            results.append(Enqueued(job_id, True))
-        else:
-            results.append(Enqueued(existing[spec.idempotency_key], False))
-    return results
+    return [Enqueued(job_id, True) if job_id in inserted
+            else Enqueued(existing[spec.idempotency_key], False)
+            for spec, job_id in zip(specs, ids)]
