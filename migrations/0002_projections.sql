@@ -308,16 +308,20 @@ BEGIN
       FROM streams st
      WHERE w.id = st.stream_id AND st.first_version > 1;
 
-    -- Wake idle workers of the queues that just got claimable work.
+    -- Wake idle workers of the queues that just got claimable work. A new job
+    -- names its queue in the event; the others need one primary-key probe
+    -- each (LATERAL ... LIMIT 1: a plain join let the planner loop over every
+    -- pending job for each event, seconds per 1,000-job enqueue).
     PERFORM pg_notify('qforge_jobs', x.queue)
-       FROM (SELECT DISTINCT j.queue
+       FROM (SELECT e.data ->> 'queue' AS queue
                FROM new_events e
-              -- LATERAL ... LIMIT 1: one primary-key probe per event. A plain
-              -- join let the planner loop over every pending job for each
-              -- event (O(backlog x batch): seconds per 1,000-job enqueue).
+              WHERE e.type = 'Enqueued' AND e.data ->> 'status' = 'pending'
+             UNION
+             SELECT j.queue
+               FROM new_events e
               CROSS JOIN LATERAL (SELECT jobs.queue, jobs.status FROM jobs
                                    WHERE jobs.id = e.stream_id LIMIT 1) j
-              WHERE e.type IN ('Enqueued', 'StepUnblocked', 'Retried', 'Released')
+              WHERE e.type IN ('StepUnblocked', 'Retried', 'Released')
                 AND j.status = 'pending') x;
 
     INSERT INTO execution_tags (key, value, kind, id)
