@@ -35,9 +35,7 @@ SCRATCH = "qf_bench_variants"
 
 VARIANTS = {
     "current schema": [],
-    "without the jobs_created index": ["bench_drop_jobs_created"],
     "set-based projection (prototype)": ["bench_use_set_based"],
-    "set-based projection, without jobs_created": ["bench_use_set_based", "bench_drop_jobs_created"],
 }
 
 

@@ -52,9 +52,6 @@ CREATE TRIGGER events_project AFTER INSERT ON events
     REFERENCING NEW TABLE AS new_events
     FOR EACH STATEMENT EXECUTE FUNCTION bench_projection_set_based();
 
--- name: bench_drop_jobs_created
-DROP INDEX jobs_created;
-
 -- name: bench_rows_unlike_fold
 -- Rows that differ from the fold of their own events (must be 0).
 SELECT count(*)
