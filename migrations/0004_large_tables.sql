@@ -8,3 +8,8 @@
 ALTER TABLE jobs SET (autovacuum_vacuum_scale_factor = 0,
                       autovacuum_vacuum_threshold = 10000,
                       autovacuum_analyze_scale_factor = 0.02);
+
+-- The dead-letter list (GET /jobs?status=dead, the dashboard's queue page)
+-- must not walk the whole history: dead jobs are few, so is this index, and
+-- only the transition into dead writes to it.
+CREATE INDEX jobs_dead ON jobs (id) WHERE status = 'dead';
