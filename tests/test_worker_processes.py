@@ -321,3 +321,18 @@ def test_worker_exits_with_a_message_on_a_broken_task_module_or_an_unmigrated_da
     unmigrated = subprocess.run([str(QFORGE), "worker", "--database-url", empty_db_url],
                                 capture_output=True, text=True, timeout=30)
     assert unmigrated.returncode == 1 and "qforge migrate" in unmigrated.stderr
+
+
+def test_a_short_backoff_is_honoured_not_rounded_up_to_the_poll_interval(conn, procs: Processes):
+    procs.worker("--concurrency", "2", env={"QFORGE_POLL_INTERVAL_SECONDS": "30",
+                                            "QFORGE_BACKOFF_BASE_SECONDS": "0.05"})
+    [job_id] = add_jobs(conn, {"task": "flaky", "payload": {"fail_times": 2}, "max_retries": 3})
+    wait_for(lambda: statuses(conn, [job_id])[job_id] == "succeeded", timeout=10,
+             message="the flaky job to succeed through its retries")
+    events = history(conn, job_id)
+    assert types(events) == ["Enqueued", "Claimed", "Failed", "Retried", "Claimed", "Failed",
+                             "Retried", "Claimed", "Succeeded"]
+    for retried, claimed in zip(events, events[1:]):
+        if retried.type == "Retried":
+            waited = (claimed.occurred_at - retried.occurred_at).total_seconds()
+            assert waited < 2, f"a {retried.data['delay_seconds']:.2f}s backoff took {waited:.2f}s"

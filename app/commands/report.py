@@ -35,6 +35,7 @@ class Outcome:
     accepted: list[UUID] = field(default_factory=list)
     rejected: list[UUID] = field(default_factory=list)
     dead: list[UUID] = field(default_factory=list)  # failures that dead-lettered
+    retry_at: datetime | None = None  # the earliest run_at of the failures that will retry
 
 
 def _lock_workflows(cur, reports: list[Report], known: bool) -> list[UUID]:
@@ -96,6 +97,7 @@ def fail(conn, reports: list[Report], *, actor: str, now: datetime | None = None
         written = cur.fetchall()
         outcome = _split(reports, {row[0] for row in written})
         outcome.dead = [row[0] for row in written if row[1] == "DeadLettered"]
+        outcome.retry_at = min((row[3] for row in written if row[3] is not None), default=None)
         finished_workflows = {row[2] for row in written if row[1] == "DeadLettered" and row[2]}
         _advance(conn, locked, finished_workflows, now)
     return outcome

@@ -129,7 +129,7 @@ SELECT 'job', t.id, t.version + x.n, x.type, x.schema_version, x.data, t.tags,
                                                 + make_interval(secs => t.delay))
          END)
        ) AS x(n, type, schema_version, data)
-RETURNING stream_id AS id, type, workflow_id
+RETURNING stream_id AS id, type, workflow_id, (data ->> 'run_at')::timestamptz AS retry_at
 
 -- name: job_lock
 -- Lock jobs (in id order, so two lockers cannot deadlock) to decide on them.

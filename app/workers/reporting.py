@@ -71,6 +71,7 @@ def _write(conn: psycopg.Connection, reports: list[Report], *, ok: bool,
                 outcome.accepted += one.accepted
                 outcome.rejected += one.rejected
                 outcome.dead += one.dead
+                outcome.retry_at = min(filter(None, (outcome.retry_at, one.retry_at)), default=None)
                 unstorable += bad
             return outcome, unstorable
         refused = describe(exc)

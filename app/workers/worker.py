@@ -95,6 +95,7 @@ class Worker:
         self.completions: list[Report] = []
         self.failures: list[Report] = []
         self.claim_wanted = True
+        self.retry_due: float | None = None  # monotonic time when a job this worker failed is due again
         self.stopping = False
         self.grace_deadline = float("inf")
         self.stats = Stats()
@@ -147,6 +148,8 @@ class Worker:
                 if now >= next_beat:
                     next_beat = now + heartbeat
                     await self._beat()
+                if self.retry_due is not None:
+                    next_poll, self.retry_due = min(next_poll, self.retry_due), None
                 if now >= next_poll:
                     next_poll = now + poll
                     self.claim_wanted = True
@@ -175,7 +178,8 @@ class Worker:
                     or (self.claim_wanted and self.free_slots and not self.stopping)
                     or (self.stopping and not self.running)):
                 continue
-            deadline = min(next_beat, next_poll, self.grace_deadline)
+            deadline = min(next_beat, next_poll, self.grace_deadline,
+                           self.retry_due if self.retry_due is not None else float("inf"))
             await self._sleep(deadline - time.monotonic())
 
     async def _sleep(self, seconds: float) -> None:
@@ -282,6 +286,11 @@ class Worker:
             raise
         self.stats.succeeded += len(done.accepted)
         self.stats.failed += len(failed.accepted)
+        if failed.retry_at is not None:
+            # Look again when the earliest retry is due, not at the next poll:
+            # a 100 ms backoff should not become a 1 s one.
+            due = time.monotonic() + max(0.0, (failed.retry_at - datetime.now(timezone.utc)).total_seconds())
+            self.retry_due = due if self.retry_due is None else min(self.retry_due, due)
         if failed.accepted:
             self.failure_log.add(written, failed)
         rejected = len(done.rejected) + len(failed.rejected)
