@@ -41,6 +41,14 @@ def test_cycle_is_named_step_by_step():
     assert cycle[0] == cycle[-1] and set(cycle) == {"a", "b", "c"}
 
 
+def test_a_cycle_through_a_duplicated_name_is_reported_with_the_duplicate():
+    steps = [StepDef("a", task="t", depends_on=("b",)), StepDef("b", task="t", depends_on=("a",)),
+             StepDef("a", task="t")]
+    problems = dag.validate(steps)
+    assert "duplicate step name 'a'" in problems
+    assert any(p.startswith("cycle: ") for p in problems), problems
+
+
 def test_a_when_condition_makes_its_step_a_dependency():
     step = StepDef("b", task="t", when={"step": "a", "path": "x", "equals": "doB"})
     assert step.dependencies() == ("a",)

@@ -107,7 +107,9 @@ def _condition_problems(step: StepDef, known: set[str]) -> list[str]:
 
 def find_cycle(steps: list[StepDef]) -> list[str] | None:
     """One dependency cycle as [a, b, ..., a], or None (edges to unknown steps ignored)."""
-    graph = {s.name: [d for d in s.dependencies() if d != s.name] for s in steps}
+    graph: dict[str, list[str]] = {}
+    for step in steps:  # a duplicated name keeps the edges of every copy: its cycles still show
+        graph.setdefault(step.name, []).extend(d for d in step.dependencies() if d != step.name)
     state: dict[str, int] = {}  # 1 on the stack, 2 done
     stack: list[str] = []
 
