@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from uuid import UUID
 
 from psycopg.rows import dict_row
 
-from app.projections.pages import as_mapping, decode_page_cursor, encode_page_cursor
+from app.projections.pages import fetch_page
 from app.sql import q
 
 # The fields of GET /jobs/{id} (CONTRACT §3), in order.
@@ -37,21 +36,8 @@ def list_jobs(conn, *, status: str | None = None, queue: str | None = None,
               task: str | None = None, tags: list[tuple[str, str]] | None = None,
               limit: int = 50, cursor: str | None = None) -> tuple[list[dict], str | None]:
     """Newest first; (items, next cursor or None). ValueError for a malformed cursor."""
-    after_created, after_id = decode_page_cursor(cursor)
-    wanted = as_mapping(tags or [])
-    if wanted is None:
-        return [], None
-    first = next(iter(wanted.items()), (None, None))
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(q("jobs_list"), {
-            "status": status, "queue": queue, "task": task,
-            "tag_key": first[0], "tag_value": first[1], "tags": json.dumps(wanted),
-            "after_created": after_created, "after_id": after_id, "limit": limit + 1,
-        })
-        rows = cur.fetchall()
-    more = len(rows) > limit
-    rows = rows[:limit]
-    next_cursor = encode_page_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None
+    rows, next_cursor = fetch_page(conn, "jobs_list", {"status": status, "queue": queue, "task": task},
+                                   tags=tags, limit=limit, cursor=cursor)
     return [job_view(row) for row in rows], next_cursor
 
 

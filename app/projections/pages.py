@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from datetime import datetime
+from typing import Any
 from uuid import UUID
+
+from psycopg.rows import dict_row
+
+from app.sql import q
 
 
 def encode_page_cursor(created_at: datetime, row_id: UUID) -> str:
@@ -56,3 +62,26 @@ def as_mapping(tags: list[tuple[str, str]]) -> dict[str, str] | None:
         if mapping.setdefault(key, value) != value:
             return None
     return mapping
+
+
+def fetch_page(conn, query: str, params: dict[str, Any], *, tags: list[tuple[str, str]] | None,
+               limit: int, cursor: str | None) -> tuple[list[dict[str, Any]], str | None]:
+    """One keyset page of a list query filtered by tags: (rows, next cursor or None).
+
+    The query takes tag_key/tag_value (the first tag, an index range of
+    execution_tags), tags (all of them, as jsonb), after_created/after_id and limit.
+    ValueError for a malformed cursor.
+    """
+    after_created, after_id = decode_page_cursor(cursor)
+    wanted = as_mapping(tags or [])
+    if wanted is None:  # the same key asked with two values: nothing can match
+        return [], None
+    first = next(iter(wanted.items()), (None, None))
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q(query), {**params, "tag_key": first[0], "tag_value": first[1],
+                               "tags": json.dumps(wanted), "after_created": after_created,
+                               "after_id": after_id, "limit": limit + 1})
+        rows = cur.fetchall()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (encode_page_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None)
