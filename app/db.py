@@ -49,7 +49,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
-from app.settings import Settings, get_settings
+from qforge.settings import Settings, get_settings
 
 CleanupMode = Literal["stop", "delete"]
 

@@ -20,11 +20,11 @@ import psycopg
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import emit  # noqa: E402
 
-from app.commands.enqueue import JobSpec, enqueue as enqueue_jobs
+from qforge.commands.enqueue import JobSpec, enqueue as enqueue_jobs
 
 
 def setup(args: argparse.Namespace) -> None:
-    from app.migrate import migrate
+    from qforge.migrate import migrate
 
     with psycopg.connect(args.url, autocommit=True) as conn:
         migrate(conn)
@@ -51,8 +51,8 @@ def latency(args: argparse.Namespace) -> None:
 
 def worker(args: argparse.Namespace) -> None:
     """Claim a batch, 'run' it (no-op), complete it in one statement; until SIGTERM."""
-    from app.commands.claim import claim
-    from app.commands.report import Report, complete
+    from qforge.commands.claim import claim
+    from qforge.commands.report import Report, complete
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))

@@ -40,7 +40,7 @@ def recreate_database(admin_url: str, name: str) -> str:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     url = with_database(admin_url, name)
-    from app.migrate import migrate
+    from qforge.migrate import migrate
 
     with psycopg.connect(url, autocommit=True) as conn:
         migrate(conn)
@@ -51,11 +51,11 @@ def schema_fingerprint() -> str:
     """A hash of migrations/*.sql: a kept history is reused only with the very same schema."""
     import hashlib
 
-    from app.migrate import migration_files
+    from qforge.migrate import load_source
 
     digest = hashlib.sha256()
-    for path in migration_files():
-        digest.update(path.name.encode() + path.read_bytes())
+    for schema_file in load_source().all():
+        digest.update(schema_file.name.encode() + schema_file.checksum.encode())
     return digest.hexdigest()[:16]
 
 
@@ -122,7 +122,7 @@ def generate_history(url: str, jobs: int, *, parallel: int = 2, log=print) -> di
 
 
 def enqueue_pending(url: str, count: int) -> None:
-    from app.commands.enqueue import JobSpec, enqueue
+    from qforge.commands.enqueue import JobSpec, enqueue
 
     with psycopg.connect(url, autocommit=True) as conn:
         for lo in range(0, count, 1000):
@@ -134,8 +134,8 @@ def enqueue_pending(url: str, count: int) -> None:
 def claim_throughput(url: str, pending: int, *, threads: int = 2, batch: int = 100,
                      complete: bool = False) -> dict[str, float]:
     """Claim (and optionally complete) `pending` jobs from `threads` connections in batches; jobs/s."""
-    from app.commands.claim import claim
-    from app.commands.report import Report, complete as complete_jobs
+    from qforge.commands.claim import claim
+    from qforge.commands.report import Report, complete as complete_jobs
 
     enqueue_pending(url, pending)
     barrier = threading.Barrier(threads + 1)

@@ -130,7 +130,7 @@ async def subscribe(args: argparse.Namespace) -> None:
 def append(args: argparse.Namespace) -> None:
     import psycopg
 
-    from app.commands.enqueue import JobSpec, enqueue
+    from qforge.commands.enqueue import JobSpec, enqueue
 
     batch = max(1, args.rate // 100)
     period = batch / args.rate

@@ -8,7 +8,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import record_start  # noqa: E402
 
-from app.workers.tasks import task
+from qforge.workers.tasks import task
 
 LATENCY_DIR = os.environ.get("BENCH_LATENCY_DIR", "/tmp")
 

@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
-from app.commands.enqueue import JobSpec, enqueue  # noqa: E402
-from app.migrate import migrate  # noqa: E402
-from app.sql import q  # noqa: E402
+from qforge.commands.enqueue import JobSpec, enqueue  # noqa: E402
+from qforge.migrate import migrate  # noqa: E402
+from qforge.sql import q  # noqa: E402
 from common import load_queries  # noqa: E402
 
 TEMPLATE = "qf_bench_variants_tpl"
@@ -40,7 +40,7 @@ VARIANTS = {
 
 
 def with_database(url: str, name: str) -> str:
-    from app.db import with_database as swap
+    from qforge.db import with_database as swap
 
     return swap(url, name)
 

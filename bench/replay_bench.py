@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
-from app.db import connect, with_database  # noqa: E402
-from app.migrate import migrate  # noqa: E402
-from app.projections import replay  # noqa: E402
-from app.sql import q  # noqa: E402
+from qforge.db import connect, with_database  # noqa: E402
+from qforge.migrate import migrate  # noqa: E402
+from qforge.projections import replay  # noqa: E402
+from qforge.sql import q  # noqa: E402
 
 DATABASE = "qf_bench_replay"
 BATCH_JOBS = 50_000

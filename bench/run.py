@@ -48,7 +48,7 @@ def build_systems(args: argparse.Namespace, peers_python: str, bench: Bench) -> 
                   "QFORGE_LOG_LEVEL": "WARNING"}
     if (ROOT / "app" / "workers" / "worker.py").exists() and not args.qforge_loop:
         console_script = Path(sys.executable).parent / "qforge"
-        qforge = [str(console_script)] if console_script.exists() else [sys.executable, "-m", "app.cli"]
+        qforge = [str(console_script)] if console_script.exists() else [sys.executable, "-m", "qforge.cli"]
         qforge_worker = [*qforge, "worker", "--database-url", "{url}",
                          "--concurrency", str(args.qforge_concurrency), "--tasks", "qf_tasks",
                          "--name", "bench-{index}"]
@@ -196,7 +196,7 @@ def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "QFORGE_LOG_LEVEL": "WARNING"}
     api_log = open(bench.log_dir / "sse-api.log", "w")
-    api = subprocess.Popen([sys.executable, "-m", "app.cli", "api", "--database-url", url, "--port", str(port)],
+    api = subprocess.Popen([sys.executable, "-m", "qforge.cli", "api", "--database-url", url, "--port", str(port)],
                            stdout=api_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     reps = []
     try:

@@ -22,8 +22,8 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from app.db import THROWAWAY_CONFIG, EmbeddedPostgres, connect, with_database
-from app.migrate import migrate
+from qforge.db import THROWAWAY_CONFIG, EmbeddedPostgres, connect, with_database
+from qforge.migrate import migrate
 
 TEST_DATABASE_URL_ENV = "QFORGE_TEST_DATABASE_URL"
 DOCKER_IMAGE = "postgres:16-alpine"

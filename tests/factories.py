@@ -8,9 +8,9 @@ from uuid import UUID
 
 from psycopg.rows import dict_row
 
-from app.commands.claim import claim
-from app.commands.enqueue import JobSpec, enqueue
-from app.commands.report import Report, fail
+from qforge.commands.claim import claim
+from qforge.commands.enqueue import JobSpec, enqueue
+from qforge.commands.report import Report, fail
 
 
 def make_job(conn, now: datetime | None = None, **fields: Any) -> UUID:

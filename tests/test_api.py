@@ -1,5 +1,5 @@
 """The HTTP API over real HTTP (uvicorn on a free port) against a real database: every
-route of CONTRACT §3, its happy path and its bad input."""
+route of the public API, its happy path and its bad input."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from uuid import uuid4
 import httpx
 import pytest
 
-from app.api.app import WEB_DIR, create_app
-from app.api.server import BackgroundServer
-from app.commands.claim import claim
-from app.commands.report import Report, complete, fail
-from app.settings import Settings
+from qforge.api.app import WEB_DIR, create_app
+from qforge.api.server import BackgroundServer
+from qforge.commands.claim import claim
+from qforge.commands.report import Report, complete, fail
+from qforge.settings import Settings
 
 JOB_KEYS = {"id", "task", "queue", "status", "priority", "attempts", "max_retries", "run_at",
             "payload", "result", "last_error", "tags", "workflow_id", "step", "worker",
@@ -210,7 +210,7 @@ def test_as_of_shows_an_earlier_state_of_a_job(api, conn):
     run_job(conn, 1)
     [enqueued, *_] = api.get(f"/jobs/{job['id']}/events").json()["events"]
     response = api.get(f"/jobs/{job['id']}", params={"as_of": enqueued["position"]})
-    if importlib.util.find_spec("app.projections.asof") is None:
+    if importlib.util.find_spec("qforge.projections.asof") is None:
         assert_error(response, 501)
         return
     assert response.status_code == 200, response.text

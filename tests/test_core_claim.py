@@ -8,9 +8,9 @@ import sys
 import threading
 from datetime import datetime, timedelta, timezone
 
-from app.commands.claim import claim
-from app.commands.enqueue import JobSpec, enqueue
-from app.db import connect
+from qforge.commands.claim import claim
+from qforge.commands.enqueue import JobSpec, enqueue
+from qforge.db import connect
 from tests.factories import claim_one, count, make_job
 
 JOBS = 10_000
@@ -65,8 +65,8 @@ def test_sixteen_threads_claim_ten_thousand_jobs_exactly_once(conn, db_url):
 
 CLAIMER = """
 import json, sys
-from app.commands.claim import claim
-from app.db import connect
+from qforge.commands.claim import claim
+from qforge.db import connect
 ids = []
 with connect(sys.argv[1], autocommit=True) as conn:
     print("ready", flush=True)

@@ -8,12 +8,12 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 import pytest
 
-from app.commands.claim import claim
-from app.commands.enqueue import JobSpec, enqueue
-from app.commands.errors import Conflict
-from app.commands.manage import cancel_job, recover_stale, retry_job
-from app.commands.report import Report, complete, fail, heartbeat
-from app.db import connect
+from qforge.commands.claim import claim
+from qforge.commands.enqueue import JobSpec, enqueue
+from qforge.commands.errors import Conflict
+from qforge.commands.manage import cancel_job, recover_stale, retry_job
+from qforge.commands.report import Report, complete, fail, heartbeat
+from qforge.db import connect
 from tests.factories import claim_one, count, event_types, fail_once, job_row, make_job
 
 

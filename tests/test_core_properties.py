@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.rows import dict_row
 
-from app.commands.claim import claim
-from app.commands.errors import Conflict
-from app.commands.manage import cancel_job, recover_stale, retry_job
-from app.commands.report import Report, complete, fail, heartbeat
-from app.events import states
+from qforge.commands.claim import claim
+from qforge.commands.errors import Conflict
+from qforge.commands.manage import cancel_job, recover_stale, retry_job
+from qforge.commands.report import Report, complete, fail, heartbeat
+from qforge.events import states
 from tests.factories import make_job
 
 ACTIONS = ["claim", "heartbeat", "heartbeat_stale", "complete", "complete_stale", "fail",

@@ -7,9 +7,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.commands import dag
-from app.commands.dag import StepDef, StepState
-from app.events.states import JOB_FINISHED
+from qforge.commands import dag
+from qforge.commands.dag import StepDef, StepState
+from qforge.events.states import JOB_FINISHED
 
 
 def test_validation_reports_every_problem_at_once():

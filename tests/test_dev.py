@@ -59,7 +59,7 @@ class DevRun:
         env = {k: v for k, v in os.environ.items()
                if k not in ("QFORGE_DATABASE_URL", "QFORGE_API_TOKEN", "QFORGE_DATA_DIR")}
         self.log = open(folder / f"dev-{port}.log", "wb")
-        self.process = subprocess.Popen([sys.executable, "-m", "app.cli", "dev", "--port", str(port)],
+        self.process = subprocess.Popen([sys.executable, "-m", "qforge.cli", "dev", "--port", str(port)],
                                         cwd=folder, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{port}"
         self.folder = folder
@@ -94,7 +94,7 @@ def test_qforge_dev_runs_the_whole_system_and_stops_cleanly(scratch_dir: Path):
 
         job = httpx.post(f"{run.url}/jobs", json={"task": "add", "payload": {"a": 2, "b": 3}}).json()
         assert job["status"] in ("pending", "running", "succeeded")  # the pools are quick
-        if importlib.util.find_spec("app.workers.worker") is not None:
+        if importlib.util.find_spec("qforge.workers.worker") is not None:
             done = wait_until(lambda: (j := httpx.get(f"{run.url}/jobs/{job['id']}").json())["status"]
                               == "succeeded" and j, 30, "the job to run")
             assert done["result"] == 5 and done["worker"] in ("pool-1", "pool-2")
@@ -134,7 +134,7 @@ def test_qforge_dev_refuses_a_port_in_use(scratch_dir: Path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run([sys.executable, "-m", "app.cli", "dev", "--port", str(port)],
+        result = subprocess.run([sys.executable, "-m", "qforge.cli", "dev", "--port", str(port)],
                                 cwd=scratch_dir, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "in use" in result.stderr

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from app.workers.executors import OUTPUT_TAIL_BYTES, TaskError, execute
-from app.workers.tasks import TaskContext, get_task, load_task_modules, task
+from qforge.workers.executors import OUTPUT_TAIL_BYTES, TaskError, execute
+from qforge.workers.tasks import TaskContext, get_task, load_task_modules, task
 
 
 def make_ctx(task_name: str = "t", *, attempt: int = 1, allow_shell: bool = False) -> TaskContext:
@@ -154,7 +154,7 @@ def test_non_json_serialisable_result_is_rejected():
 def test_load_task_modules_registers_the_module_tasks(tmp_path, monkeypatch):
     module_name = f"qforge_user_tasks_{uuid.uuid4().hex}"
     (tmp_path / f"{module_name}.py").write_text(textwrap.dedent(f"""
-        from app.workers.tasks import task
+        from qforge.workers.tasks import task
 
         @task("{module_name}.greet")
         def greet(payload, ctx):

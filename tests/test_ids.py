@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from app.events.ids import new_id, new_ids
+from qforge.events.ids import new_id, new_ids
 
 
 def test_ids_increase_within_and_across_batches_even_past_4096_per_millisecond():

@@ -5,12 +5,12 @@ from __future__ import annotations
 import signal
 from datetime import datetime, timedelta, timezone
 
-from app.commands import workers
-from app.commands.claim import claim
-from app.commands.workflows import StepSpec, WorkflowSpec, submit
-from app.projections.workers import live_workers
-from app.settings import Settings
-from app.workers.monitor import Monitor
+from qforge.commands import workers
+from qforge.commands.claim import claim
+from qforge.commands.workflows import StepSpec, WorkflowSpec, submit
+from qforge.projections.workers import live_workers
+from qforge.settings import Settings
+from qforge.workers.monitor import Monitor
 from test_worker_support import (  # noqa: F401  (procs and tasks_dir are fixtures)
     Processes, add_jobs, history, job, kill, procs, registry, scalar, tasks_dir, wait_for)
 

@@ -15,17 +15,17 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from app.commands import workflows as wf
-from app.commands.claim import claim
-from app.commands.report import Report, complete
-from app.db import connect
-from app.events import states
-from app.events import types as ev
-from app.events.store import read_stream
-from app.projections import replay
-from app.projections.asof import job_as_of, workflow_as_of
-from app.projections.jobs import get_job
-from app.projections.workflows import get_workflow
+from qforge.commands import workflows as wf
+from qforge.commands.claim import claim
+from qforge.commands.report import Report, complete
+from qforge.db import connect
+from qforge.events import states
+from qforge.events import types as ev
+from qforge.events.store import read_stream
+from qforge.projections import replay
+from qforge.projections.asof import job_as_of, workflow_as_of
+from qforge.projections.jobs import get_job
+from qforge.projections.workflows import get_workflow
 from tests.factories import claim_one, fail_once, job_row, make_job
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -269,10 +269,12 @@ def test_v1_failed_event_is_read_back_as_v2_and_folded(conn):
          "failed": json.dumps({"attempt": job.attempt, "message": "disk full"}),
          "retried": json.dumps({"attempt": job.attempt, "delay_seconds": 1,
                                 "run_at": (T0 + timedelta(seconds=1)).isoformat()})})
-    failed = [e for e in read_stream(conn, job_id) if e.type == ev.FAILED]
+    failed = [e for e in read_stream(conn, job_id) if e.type == ev.Failed.type]
     assert len(failed) == 1
-    assert failed[0].schema_version == ev.schema_version(ev.FAILED) == 2
+    assert failed[0].schema_version == ev.Failed.schema_version == 2
     assert failed[0].data == {"attempt": 1, "reason": "error", "error": "disk full"}
+    # The Python upcaster, beside the model, agrees with the database's.
+    assert ev.upcast("Failed", 1, {"attempt": 1, "message": "disk full"}) == failed[0].data
     stored = conn.execute("SELECT schema_version, data FROM events WHERE stream_id = %s"
                           " AND type = 'Failed'", (job_id,)).fetchone()
     assert stored == {"schema_version": 1, "data": {"attempt": 1, "message": "disk full"}}
@@ -323,7 +325,7 @@ def test_state_next_in_the_database_agrees_with_the_python_table(conn):
 
 
 def qforge(db_url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "app.cli", "--database-url", db_url, "replay", *args],
+    return subprocess.run([sys.executable, "-m", "qforge.cli", "--database-url", db_url, "replay", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 

@@ -24,21 +24,21 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from app.commands import workflows as wf
-from app.commands.claim import ClaimedJob, claim
-from app.commands.enqueue import JobSpec, enqueue
-from app.commands.errors import Conflict, NotFound
-from app.commands.manage import cancel_job, recover_stale, retry_job
-from app.commands.report import Report, complete, fail, heartbeat
-from app.db import connect
-from app.events.states import JOB_ACTIVE
-from app.projections import replay
-from app.projections.asof import job_as_of, workflow_as_of
-from app.projections.jobs import get_job
-from app.projections.workflows import get_workflow
+from qforge.commands import workflows as wf
+from qforge.commands.claim import ClaimedJob, claim
+from qforge.commands.enqueue import JobSpec, enqueue
+from qforge.commands.errors import Conflict, NotFound
+from qforge.commands.manage import cancel_job, recover_stale, retry_job
+from qforge.commands.report import Report, complete, fail, heartbeat
+from qforge.db import connect
+from qforge.events.states import JOB_ACTIVE
+from qforge.projections import replay
+from qforge.projections.asof import job_as_of, workflow_as_of
+from qforge.projections.jobs import get_job
+from qforge.projections.workflows import get_workflow
 
 try:  # hand-backs by stopping workers (Released), where the worker commands exist
-    from app.commands.workers import release
+    from qforge.commands.workers import release
 except ImportError:  # pragma: no cover
     release = None
 

@@ -12,9 +12,9 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, negative_data_rejection,
                                                response_schema_conformance, status_code_conformance)
 
-from app.api.app import create_app
-from app.api.server import BackgroundServer
-from app.settings import Settings
+from qforge.api.app import create_app
+from qforge.api.server import BackgroundServer
+from qforge.settings import Settings
 
 EXAMPLES_PER_OPERATION = 45  # 19 operations (several requests per example): over 1,000 in all
 REQUESTS: list[str] = []

@@ -15,13 +15,13 @@ import httpx
 import psycopg
 import pytest
 
-from app.api import events as events_route
-from app.api.app import create_app
-from app.api.server import BackgroundServer
-from app.commands.enqueue import JobSpec, enqueue
-from app.commands.workflows import StepSpec, WorkflowSpec, submit
-from app.events.store import decode_cursor
-from app.settings import Settings
+from qforge.api import events as events_route
+from qforge.api.app import create_app
+from qforge.api.server import BackgroundServer
+from qforge.commands.enqueue import JobSpec, enqueue
+from qforge.commands.workflows import StepSpec, WorkflowSpec, submit
+from qforge.events.store import decode_cursor
+from qforge.settings import Settings
 
 
 class SSEReader:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from app.commands import workers
-from app.commands.claim import claim
-from app.commands.manage import cancel_job
-from app.commands.report import Report
-from app.projections.workers import live_workers, pods
+from qforge.commands import workers
+from qforge.commands.claim import claim
+from qforge.commands.manage import cancel_job
+from qforge.commands.report import Report
+from qforge.projections.workers import live_workers, pods
 from test_worker_support import add_jobs, history, job, registry
 
 

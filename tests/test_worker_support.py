@@ -22,9 +22,9 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row, tuple_row
 
-from app.commands.enqueue import JobSpec, enqueue
-from app.events import store
-from app.events.types import Event
+from qforge.commands.enqueue import JobSpec, enqueue
+from qforge.events import store
+from qforge.events.types import Event
 
 T = TypeVar("T")
 
@@ -51,7 +51,7 @@ TEST_TASKS = textwrap.dedent('''
     import os
     import signal
 
-    from app.workers.tasks import TaskError, task
+    from qforge.workers.tasks import TaskError, task
 
 
     @task("test_suicide")

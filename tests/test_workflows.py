@@ -8,11 +8,11 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from psycopg.rows import dict_row
 
-from app.commands import workflows as wf
-from app.commands.claim import claim
-from app.commands.errors import Conflict, Invalid
-from app.commands.report import Report, complete, fail
-from app.db import connect
+from qforge.commands import workflows as wf
+from qforge.commands.claim import claim
+from qforge.commands.errors import Conflict, Invalid
+from qforge.commands.report import Report, complete, fail
+from qforge.db import connect
 from tests.factories import count
 
 

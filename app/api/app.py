@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from importlib import resources
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -11,14 +12,14 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api import compat, errors, events, executions, jobs, operations, workflows
-from app.api.auth import require_token
-from app.api.deps import Resources
-from app.api.errors import error_response
-from app.api.metrics import make_registry
-from app.settings import Settings, get_settings
+from qforge.api import compat, errors, events, executions, jobs, operations, workflows
+from qforge.api.auth import require_token
+from qforge.api.deps import Resources
+from qforge.api.errors import error_response
+from qforge.api.metrics import make_registry
+from qforge.settings import Settings, get_settings
 
-WEB_DIR = Path(__file__).resolve().parent.parent.parent / "web"
+WEB_DIR = Path(str(resources.files("qforge.web")))
 
 
 class BodyLimit:

@@ -8,7 +8,7 @@ import secrets
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from app.api.errors import ApiError
+from qforge.api.errors import ApiError
 
 bearer = HTTPBearer(auto_error=False, description="QFORGE_API_TOKEN, when the server sets one")
 

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
-from typing import Annotated, Any, Iterator
+from typing import Annotated, Any, Callable, Iterator
 from uuid import UUID
 
 from fastapi import Query
 
-from app.api.errors import ApiError
-from app.api.models import ErrorBody
-from app.projections.pages import parse_tags
+from qforge.api.errors import ApiError
+from qforge.api.models import ErrorBody
+from qforge.projections.pages import parse_tags
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
@@ -42,15 +41,10 @@ def tags_of(pairs: list[str] | None) -> list[tuple[str, str]]:
         return parse_tags(pairs)
 
 
-def as_of_view(function: str, conn, stream_id: UUID, position: int, what: str) -> dict:
-    """Call app.projections.asof.<function>(conn, id, position) (the replay module)."""
-    try:
-        module = importlib.import_module("app.projections.asof")
-    except ModuleNotFoundError as exc:
-        if exc.name != "app.projections.asof":
-            raise
-        raise ApiError(501, "not_implemented", "as-of reads are not available in this build") from None
-    view = getattr(module, function)(conn, stream_id, position)
+def as_of_view(read: Callable[[Any, UUID, int], dict | None], conn, stream_id: UUID, position: int,
+               what: str) -> dict:
+    """`read(conn, id, position)` (qforge.projections.asof), or 404 if it did not exist yet."""
+    view = read(conn, stream_id, position)
     if view is None:
         raise ApiError(404, "not_found", f"{what} did not exist at log position {position}")
     return view

@@ -1,4 +1,4 @@
-"""The pod orchestrator's API (seeds/001): POST /workflow, GET /workflow/{workflowId}, GET /pods.
+"""The pod orchestrator's API: POST /workflow, GET /workflow/{workflowId}, GET /pods.
 
 Its users switch without changes: each command runs as a `shell` step, its
 statuses and field names are kept, and a worker slot stands for a pod.
@@ -11,23 +11,25 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response
 
-from app.api.common import ERRORS
-from app.api.deps import Conn
-from app.api.errors import ApiError
-from app.api.models import CompatWorkflowIn, CompatWorkflowView, Pods
-from app.commands import workflows as commands
-from app.commands.errors import Invalid, NotFound
-from app.commands.workflows import StepSpec, WorkflowSpec
-from app.projections import workflows as workflows_view
-from app.projections.workers import pods as live_pods
+from qforge.api.common import ERRORS
+from qforge.api.deps import Conn
+from qforge.api.errors import ApiError
+from qforge.api.models import CompatWorkflowIn, CompatWorkflowView, Pods
+from qforge.commands import workflows as commands
+from qforge.commands.errors import NotFound
+from qforge.commands.specs import StepSpec, WorkflowSpec
+from qforge.events import states
+from qforge.projections import workflows as workflows_view
+from qforge.projections.workers import pods as live_pods
 
 router = APIRouter(tags=["pod orchestrator compatibility"])
 
-STEP_STATUS = {"blocked": "PENDING", "waiting": "PENDING", "pending": "QUEUED",
-               "running": "RUNNING", "succeeded": "COMPLETED", "dead": "FAILED",
-               "cancelled": "FAILED", "skipped": "SKIPPED"}
-WORKFLOW_STATUS = {"running": "RUNNING", "succeeded": "COMPLETED", "failed": "FAILED",
-                   "cancelled": "FAILED"}
+# Our statuses in the pod orchestrator's words (a test checks that every status has one).
+STEP_STATUS = {states.BLOCKED: "PENDING", states.WAITING: "PENDING", states.PENDING: "QUEUED",
+               states.RUNNING: "RUNNING", states.SUCCEEDED: "COMPLETED", states.DEAD: "FAILED",
+               states.CANCELLED: "FAILED", states.SKIPPED: "SKIPPED"}
+WORKFLOW_STATUS = {states.RUNNING: "RUNNING", states.SUCCEEDED: "COMPLETED", states.FAILED: "FAILED",
+                   states.CANCELLED: "FAILED"}
 COMPAT_ERRORS = {400: ERRORS[400] | {"description": "invalid graph or body"},
                  **{k: v for k, v in ERRORS.items() if k not in (400, 422)}}
 
@@ -37,13 +39,8 @@ def to_spec(body: CompatWorkflowIn) -> WorkflowSpec:
     dependents at once); workflowId becomes the external id and the idempotency key."""
     steps = [StepSpec(step=s.id, task="shell", payload={"command": s.command},
                       depends_on=s.dependsOn, max_retries=0) for s in body.steps]
-    spec = WorkflowSpec(name=body.workflowId, tags={"workflowId": body.workflowId},
-                        idempotency_key=f"pod-workflow:{body.workflowId}", steps=steps,
-                        external_id=body.workflowId)
-    problems = spec.problems()
-    if problems:
-        raise Invalid("invalid workflow: " + "; ".join(problems), problems)
-    return spec
+    return WorkflowSpec(name=body.workflowId, tags={"workflowId": body.workflowId},
+                        idempotency_key=f"pod-workflow:{body.workflowId}", steps=steps)
 
 
 def compat_view(workflow: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -88,7 +85,7 @@ def _find(conn, workflow_id: str) -> tuple[dict, list[dict]]:
 def submit(body: CompatWorkflowIn, conn: Conn, response: Response) -> dict:
     """Run a DAG of shell commands; 400 on an invalid graph (duplicate ids, unknown
     dependencies, cycles), nothing stored."""
-    workflow_id, created = commands.submit(conn, to_spec(body), actor="api")
+    workflow_id, created = commands.submit(conn, to_spec(body), actor="api", external_id=body.workflowId)
     if not created:
         response.status_code = 200
     return compat_view(*_find(conn, str(workflow_id)))

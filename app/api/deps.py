@@ -9,9 +9,9 @@ import psycopg
 from fastapi import Depends, Request
 from psycopg_pool import ConnectionPool
 
-from app.api.hub import EventHub
-from app.db import make_pool, resolve_database_url
-from app.settings import Settings
+from qforge.api.hub import EventHub
+from qforge.db import make_pool, resolve_database_url
+from qforge.settings import Settings
 
 
 class Resources:

@@ -13,7 +13,7 @@ from psycopg_pool import PoolTimeout
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.commands.errors import CommandError, Conflict, Invalid, NotFound
+from qforge.commands.errors import CommandError, Conflict, Invalid, NotFound
 
 log = logging.getLogger("qforge.api")
 

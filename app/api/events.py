@@ -18,13 +18,13 @@ from psycopg_pool import PoolTimeout
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.api.common import ERRORS, bad_query, tags_of
-from app.api.deps import Conn, Resources
-from app.api.errors import ApiError
-from app.api.hub import Message, encode
-from app.api.models import EventPage
-from app.events import store
-from app.events.types import Event
+from qforge.api.common import ERRORS, bad_query, tags_of
+from qforge.api.deps import Conn, Resources
+from qforge.api.errors import ApiError
+from qforge.api.hub import Message, encode
+from qforge.api.models import EventPage
+from qforge.events import store
+from qforge.events.types import Event
 
 router = APIRouter(tags=["events"])
 

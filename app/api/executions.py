@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from app.api.common import ERRORS, bad_query, limit_query, tags_of
-from app.api.deps import Conn
-from app.api.models import ExecutionList
-from app.projections import executions
+from qforge.api.common import ERRORS, bad_query, limit_query, tags_of
+from qforge.api.deps import Conn
+from qforge.api.models import ExecutionList
+from qforge.projections import executions
 
 router = APIRouter(tags=["search"])
 

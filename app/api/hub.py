@@ -33,9 +33,9 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from sse_starlette import ServerSentEvent
 
-from app.events import store
-from app.events.types import Event
-from app.sql import q
+from qforge.events import store
+from qforge.events.types import Event
+from qforge.sql import q
 
 log = logging.getLogger("qforge.api.hub")
 

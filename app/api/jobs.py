@@ -7,15 +7,17 @@ from uuid import UUID
 
 from fastapi import APIRouter, Query, Response
 
-from app.api.common import ERRORS, as_of_view, bad_query, limit_query, tag_query, tags_of
-from app.api.deps import Conn
-from app.api.errors import ApiError
-from app.api.models import EventHistory, JobCreate, JobList, JobView
-from app.commands.enqueue import JobSpec, enqueue
-from app.commands.manage import cancel_job, retry_job
-from app.events import store
-from app.events.states import statuses
-from app.projections import jobs as jobs_view
+from qforge.api.common import ERRORS, as_of_view, bad_query, limit_query, tag_query, tags_of
+from qforge.api.deps import Conn
+from qforge.api.errors import ApiError
+from qforge.api.models import EventHistory, JobList, JobView
+from qforge.commands.enqueue import enqueue
+from qforge.commands.specs import JobSpec
+from qforge.commands.manage import cancel_job, retry_job
+from qforge.events import store
+from qforge.events.states import statuses
+from qforge.projections import asof
+from qforge.projections import jobs as jobs_view
 
 router = APIRouter(tags=["jobs"])
 
@@ -32,10 +34,9 @@ def _job(conn, job_id: UUID) -> dict:
 @router.post("/jobs", status_code=201, response_model=JobView,
              responses={200: {"model": JobView, "description": "an existing job with the same "
                                                                 "idempotency_key"}, **ERRORS})
-def create_job(body: JobCreate, conn: Conn, response: Response) -> dict:
+def create_job(body: JobSpec, conn: Conn, response: Response) -> dict:
     """Enqueue a job; the same idempotency_key again returns the existing job (200)."""
-    spec = JobSpec.model_validate(body.model_dump(exclude_unset=True))
-    [outcome] = enqueue(conn, [spec], actor="api")
+    [outcome] = enqueue(conn, [body], actor="api")
     if not outcome.created:
         response.status_code = 200
     return _job(conn, outcome.id)
@@ -60,7 +61,7 @@ def get_job(job_id: UUID, conn: Conn,
             as_of: Annotated[int | None, Query(ge=0, le=2**62, description=(
                 "the job as it was right after this log position (event replay)"))] = None) -> dict:
     if as_of is not None:
-        return as_of_view("job_as_of", conn, job_id, as_of, f"job {job_id}")
+        return as_of_view(asof.job_as_of, conn, job_id, as_of, f"job {job_id}")
     return _job(conn, job_id)
 
 

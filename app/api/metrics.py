@@ -26,9 +26,9 @@ from typing import Iterator
 from prometheus_client.core import (CollectorRegistry, CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, Metric)
 
-from app.api.deps import Resources
-from app.projections.stats import LogTally, queue_stats, tally_log
-from app.projections.workers import live_workers
+from qforge.api.deps import Resources
+from qforge.projections.stats import LogTally, queue_stats, tally_log
+from qforge.projections.workers import live_workers
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                    300.0)

@@ -2,62 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from app.commands.enqueue import NAME_PATTERN, JobSpec
-from app.commands.workflows import Condition
-
-STEP_TYPES_TEXT = "task (default) | wait_for_trigger | sleep"
-
-
-MAX_DEPTH = 64  # nesting of objects and lists in a body (serializers give up near 255)
-
-
-def storable_problems(value: Any, where: str = "", depth: int = 0) -> list[str]:
-    """What PostgreSQL could not store in jsonb/text, or we could not send back: NUL
-    characters, lone surrogates, NaN/Infinity (which Python's JSON parser accepts), and
-    nesting deeper than MAX_DEPTH."""
-    problems: list[str] = []
-    if depth > MAX_DEPTH:
-        return [f"{where or 'value'}: nested more than {MAX_DEPTH} levels deep"]
-    if isinstance(value, str):
-        if "\x00" in value:
-            problems.append(f"{where or 'value'}: NUL characters are not allowed")
-        else:
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                problems.append(f"{where or 'value'}: invalid Unicode (lone surrogate)")
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            problems.append(f"{where or 'value'}: NaN and Infinity are not JSON numbers")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            path = f"{where}.{key}" if where else str(key)
-            problems.extend(storable_problems(key, f"{path} (key)") if isinstance(key, str) else [])
-            problems.extend(storable_problems(item, path, depth + 1))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            problems.extend(storable_problems(item, f"{where}[{index}]", depth + 1))
-    return problems
-
-
-class Storable(BaseModel):
-    """Rejects values PostgreSQL cannot store before anything else looks at them."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _storable(cls, data: Any) -> Any:
-        problems = storable_problems(data)
-        if problems:
-            raise ValueError("; ".join(problems[:10]))
-        return data
-
+from qforge.commands.specs import Storable
 
 # --------------------------------------------------------------------------- errors
 
@@ -69,11 +20,6 @@ class ErrorBody(BaseModel):
 
 
 # --------------------------------------------------------------------------- jobs
-
-
-class JobCreate(Storable, JobSpec):
-    """POST /jobs: `{"task", "payload"?, "queue"?, "priority"?, "max_retries"?, "run_at"? |
-    "delay_seconds"?, "timeout_seconds"?, "tags"?, "idempotency_key"?}`."""
 
 
 class JobView(BaseModel):
@@ -129,37 +75,6 @@ class EventPage(BaseModel):
 
 
 # --------------------------------------------------------------------------- workflows
-
-
-class StepCreate(Storable):
-    """One step of POST /workflows (the type is checked with the graph, so every problem
-    of a definition is reported at once)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    step: str = Field(min_length=1, max_length=200)
-    task: str | None = Field(default=None, min_length=1, max_length=200)
-    payload: dict[str, Any] = Field(default_factory=dict)
-    depends_on: list[str] = Field(default_factory=list, max_length=1000)
-    when: Condition | None = None
-    on_failure: str | None = Field(default=None, max_length=200)
-    type: str = Field(default="task", max_length=100, description=STEP_TYPES_TEXT)
-    seconds: float | None = Field(default=None, ge=0, le=30 * 86400)
-    timeout_seconds: float | None = Field(default=None, gt=0, le=30 * 86400)
-    max_retries: int = Field(default=3, ge=0, le=1000)
-    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
-    queue: str = Field(default="default", pattern=NAME_PATTERN)
-
-
-class WorkflowCreate(Storable):
-    """POST /workflows."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(min_length=1, max_length=200)
-    tags: dict[str, str] = Field(default_factory=dict)
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
-    steps: list[StepCreate] = Field(min_length=1, max_length=1000)
 
 
 class StepView(BaseModel):

@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from app.api.common import ERRORS
-from app.api.deps import Conn
-from app.api.errors import ApiError
-from app.api.models import Health, QueueList, WorkerList
-from app.projections.stats import database_ok, queue_stats
-from app.projections.workers import live_workers
+from qforge.api.common import ERRORS
+from qforge.api.deps import Conn
+from qforge.api.errors import ApiError
+from qforge.api.models import Health, QueueList, WorkerList
+from qforge.projections.stats import database_ok, queue_stats
+from qforge.projections.workers import live_workers
 
 router = APIRouter(tags=["operations"])
 health_router = APIRouter(tags=["operations"])

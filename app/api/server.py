@@ -1,39 +1,11 @@
-"""`qforge api`: migrate, then serve the API and the dashboard with uvicorn."""
+"""Serve the API in a background thread: for tests, benchmarks and embedding in another program."""
 
 from __future__ import annotations
 
-import argparse
-import sys
+import threading
+import time
 
-import psycopg
-
-from app.db import EmbeddedPostgresError, connect, resolve_database_url, stop_embedded
-from app.migrate import migrate
-
-
-def cli_main(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from app.api.app import create_app
-
-    try:
-        url = resolve_database_url(args.database_url)
-        with connect(url, autocommit=True) as conn:
-            applied = migrate(conn)  # safe to run from many processes at once
-    except (EmbeddedPostgresError, psycopg.OperationalError) as exc:
-        print(f"qforge api: {exc}", file=sys.stderr)
-        stop_embedded()
-        return 1
-    for name in applied:
-        print(f"applied {name}", flush=True)
-    try:
-        config = uvicorn.Config(create_app(url), host=args.host, port=args.port,
-                                log_level="info", timeout_graceful_shutdown=5)
-        server = uvicorn.Server(config)
-        server.run()
-        return 0 if server.started else 1
-    finally:
-        stop_embedded()
+import uvicorn
 
 
 class BackgroundServer:
@@ -43,8 +15,6 @@ class BackgroundServer:
     """
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
-        import uvicorn
-
         self._config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                                       lifespan="on", timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(self._config)
@@ -52,9 +22,6 @@ class BackgroundServer:
         self._thread = None
 
     def __enter__(self) -> "BackgroundServer":
-        import threading
-        import time
-
         self._thread = threading.Thread(target=self.server.run, name="qforge-test-api", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 30

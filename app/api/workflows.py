@@ -7,18 +7,16 @@ from uuid import UUID
 
 from fastapi import APIRouter, Path, Query, Response
 
-from app.api.common import ERRORS, as_of_view, bad_query, limit_query, tag_query, tags_of
-from app.api.deps import Conn
-from app.api.errors import ApiError
-from app.api.models import (EventHistory, TriggerRequest, WorkflowCreate, WorkflowCreated,
-                            WorkflowList, WorkflowView)
-from app.commands import dag
-from app.commands import workflows as commands
-from app.commands.errors import Invalid
-from app.commands.workflows import StepSpec, WorkflowSpec
-from app.events import store
-from app.events.states import statuses
-from app.projections import workflows as workflows_view
+from qforge.api.common import ERRORS, as_of_view, bad_query, limit_query, tag_query, tags_of
+from qforge.api.deps import Conn
+from qforge.api.errors import ApiError
+from qforge.api.models import EventHistory, TriggerRequest, WorkflowCreated, WorkflowList, WorkflowView
+from qforge.commands import workflows as commands
+from qforge.commands.specs import WorkflowSpec
+from qforge.events import store
+from qforge.events.states import statuses
+from qforge.projections import asof
+from qforge.projections import workflows as workflows_view
 
 router = APIRouter(tags=["workflows"])
 
@@ -32,31 +30,13 @@ def _workflow(conn, workflow_id: UUID) -> dict:
     return workflow
 
 
-def to_spec(body: WorkflowCreate, *, external_id: str | None = None) -> WorkflowSpec:
-    """Check the whole graph first, so a definition's problems are all reported at once
-    (an unknown step type among them); only then build the command's spec."""
-    definitions = []
-    for step in body.steps:
-        when = step.when.model_dump(by_alias=True, exclude_unset=True) if step.when else None
-        definitions.append(dag.StepDef(name=step.step, type=step.type, task=step.task,
-                                       depends_on=tuple(step.depends_on), when=when,
-                                       on_failure=step.on_failure, seconds=step.seconds))
-    problems = dag.validate(definitions)
-    if problems:
-        raise Invalid("invalid workflow: " + "; ".join(problems), problems)
-    steps = [StepSpec.model_validate(step.model_dump(by_alias=True, exclude_unset=True))
-             for step in body.steps]
-    return WorkflowSpec(name=body.name, tags=body.tags, idempotency_key=body.idempotency_key,
-                        steps=steps, external_id=external_id)
-
-
 @router.post("/workflows", status_code=201, response_model=WorkflowCreated,
              responses={200: {"model": WorkflowCreated,
                               "description": "an existing workflow with the same idempotency_key"},
                         **ERRORS})
-def create_workflow(body: WorkflowCreate, conn: Conn, response: Response) -> dict:
+def create_workflow(body: WorkflowSpec, conn: Conn, response: Response) -> dict:
     """Submit a DAG. An invalid graph is a 422 whose details list every problem; nothing is stored."""
-    workflow_id, created = commands.submit(conn, to_spec(body), actor="api")
+    workflow_id, created = commands.submit(conn, body, actor="api")
     if not created:
         response.status_code = 200
     view = _workflow(conn, workflow_id)
@@ -79,7 +59,7 @@ def get_workflow(workflow_id: UUID, conn: Conn,
                  as_of: Annotated[int | None, Query(ge=0, le=2**62, description=(
                      "the workflow as it was right after this log position"))] = None) -> dict:
     if as_of is not None:
-        return as_of_view("workflow_as_of", conn, workflow_id, as_of, f"workflow {workflow_id}")
+        return as_of_view(asof.workflow_as_of, conn, workflow_id, as_of, f"workflow {workflow_id}")
     return _workflow(conn, workflow_id)
 
 

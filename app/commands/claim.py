@@ -8,7 +8,7 @@ from typing import Any
 from uuid import UUID
 
 from psycopg.rows import tuple_row
-from app.sql import q
+from qforge.sql import q
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from app.events import types as ev
-from app.events.states import JOB_FINISHED, STEP_FINE
+from qforge.events import types as ev
+from qforge.events.states import BLOCKED, DEAD, JOB_FINISHED, PENDING, SKIPPED, STEP_FINE, SUCCEEDED, WAITING
 
 STEP_TYPES = ("task", "wait_for_trigger", "sleep")
+# What the evaluator marks a step it just unblocked, within one evaluation (not a stored status).
+UNBLOCKED = "unblocked"
 
 
 @dataclass(frozen=True)
@@ -160,8 +162,8 @@ def condition_holds(when: dict[str, Any], output: Any) -> bool:
 
 def initial_status(step: StepDef, handlers: dict[str, list[str]]) -> str:
     if step.dependencies() or step.name in handlers:
-        return "blocked"
-    return "pending" if step.type == "task" else "waiting"
+        return BLOCKED
+    return PENDING if step.type == "task" else WAITING
 
 
 @dataclass
@@ -204,12 +206,12 @@ def evaluate(states: dict[str, StepState]) -> Verdict:
     while changed:
         changed = False
         for name, state in states.items():
-            if status[name] != "blocked":
+            if status[name] != BLOCKED:
                 continue
             decision = _decide(state, states, status, handlers.get(name))
             if decision:
                 decisions.append(decision)
-                status[name] = "skipped" if decision.event_type == ev.SKIPPED else "unblocked"
+                status[name] = SKIPPED if decision.event_type == ev.Skipped.type else UNBLOCKED
                 changed = True
     if any(s not in JOB_FINISHED for s in status.values()):
         return Verdict(decisions, None)
@@ -218,38 +220,38 @@ def evaluate(states: dict[str, StepState]) -> Verdict:
     if unhandled:
         errors = [f"{n} {status[n]}" + (f": {states[n].error}" if states[n].error else "")
                   for n in unhandled]
-        return Verdict(decisions, ev.WORKFLOW_FAILED, "; ".join(errors))
-    return Verdict(decisions, ev.WORKFLOW_SUCCEEDED)
+        return Verdict(decisions, ev.WorkflowFailed.type, "; ".join(errors))
+    return Verdict(decisions, ev.WorkflowSucceeded.type)
 
 
 def _handled(state: StepState, status: dict[str, str]) -> bool:
     """A dead step whose handler succeeded does not fail the workflow."""
     handler = state.definition.on_failure
-    return status.get(state.definition.name) == "dead" and handler is not None \
-        and status.get(handler) == "succeeded"
+    return status.get(state.definition.name) == DEAD and handler is not None \
+        and status.get(handler) == SUCCEEDED
 
 
 def _decide(state: StepState, states: dict[str, StepState], status: dict[str, str],
             handles: list[str] | None) -> Decision | None:
     step = state.definition
     if handles:
-        died = [h for h in handles if status[h] == "dead"]
+        died = [h for h in handles if status[h] == DEAD]
         if died:
             failed = states[died[0]]
-            return Decision(step.name, ev.STEP_UNBLOCKED, {
+            return Decision(step.name, ev.StepUnblocked.type, {
                 "inputs": {failed.definition.name: {"error": failed.error}},
                 "failed_step": failed.definition.name, "error": failed.error,
             })
         if all(status[h] in JOB_FINISHED for h in handles):
-            return Decision(step.name, ev.SKIPPED, {"reason": "no handled step died"})
+            return Decision(step.name, ev.Skipped.type, {"reason": "no handled step died"})
         return None
     deps = step.dependencies()
     for dep in deps:
-        if status[dep] in JOB_FINISHED and status[dep] != "succeeded":
-            return Decision(step.name, ev.SKIPPED, {"reason": f"upstream step '{dep}' {status[dep]}"})
-    if all(status[dep] == "succeeded" for dep in deps):
+        if status[dep] in JOB_FINISHED and status[dep] != SUCCEEDED:
+            return Decision(step.name, ev.Skipped.type, {"reason": f"upstream step '{dep}' {status[dep]}"})
+    if all(status[dep] == SUCCEEDED for dep in deps):
         if step.when is not None and not condition_holds(step.when, states[step.when["step"]].output):
-            return Decision(step.name, ev.SKIPPED, {"reason": "condition not met", "when": step.when})
-        return Decision(step.name, ev.STEP_UNBLOCKED,
+            return Decision(step.name, ev.Skipped.type, {"reason": "condition not met", "when": step.when})
+        return Decision(step.name, ev.StepUnblocked.type,
                         {"inputs": {dep: states[dep].output for dep in deps}})
     return None

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from uuid import UUID
 
 from psycopg.rows import dict_row
 
-from app.commands.errors import Conflict, NotFound
-from app.events import store
-from app.events import types as ev
-from app.events.states import JOB_ACTIVE, allows
-from app.events.types import NewEvent
-from app.sql import q
+from qforge.commands.advance import advance
+from qforge.commands.errors import Conflict, NotFound
+from qforge.commands.report import Report, fail
+from qforge.events import store
+from qforge.events import types as ev
+from qforge.events.states import JOB_ACTIVE, allows
+from qforge.events.types import NewEvent
+from qforge.sql import q
 
 
 def _lock(cur, job_id: UUID) -> dict:
@@ -31,16 +33,13 @@ def cancel_job(conn, job_id: UUID, *, actor: str = "api", now: datetime | None =
     """Cancel a job that has not finished; a running one stops at its next heartbeat."""
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         row = _lock(cur, job_id)
-        if not allows("job", row["status"], ev.CANCELLED):
+        if not allows("job", row["status"], ev.Cancelled.type):
             raise Conflict(f"job {job_id} is {row['status']} and cannot be cancelled")
-        store.append(conn, [NewEvent(stream_type="job", stream_id=job_id,
-                                     version=row["version"] + 1, type=ev.CANCELLED,
-                                     data={"reason": "cancelled by " + actor},
+        store.append(conn, [NewEvent(stream_id=job_id, version=row["version"] + 1,
+                                     data=ev.Cancelled(reason="cancelled by " + actor),
                                      tags=row["tags"], workflow_id=row["workflow_id"])],
                      actor=actor, now=now)
         if row["workflow_id"]:
-            from app.commands.workflows import advance
-
             advance(conn, [row["workflow_id"]], now=now, actor=actor)
 
 
@@ -48,17 +47,15 @@ def retry_job(conn, job_id: UUID, *, actor: str = "api", now: datetime | None = 
     """Run a dead or cancelled job again, with a fresh retry budget."""
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         row = _lock(cur, job_id)
-        if row["status"] in JOB_ACTIVE or not allows("job", row["status"], ev.RETRIED):
+        if row["status"] in JOB_ACTIVE or not allows("job", row["status"], ev.Retried.type):
             raise Conflict(f"job {job_id} is {row['status']}; only a dead or cancelled job can be retried")
         if row["workflow_id"]:
             raise Conflict(f"job {job_id} is step '{row['step']}' of workflow {row['workflow_id']};"
                            " a workflow step cannot be retried on its own")
         clock = now or datetime.now(timezone.utc)
-        store.append(conn, [NewEvent(stream_type="job", stream_id=job_id,
-                                     version=row["version"] + 1, type=ev.RETRIED,
-                                     data={"manual": True, "delay_seconds": 0,
-                                           "run_at": clock.isoformat(),
-                                           "attempt": row["attempts"]},
+        store.append(conn, [NewEvent(stream_id=job_id, version=row["version"] + 1,
+                                     data=ev.Retried(manual=True, delay_seconds=0, run_at=clock,
+                                                     attempt=row["attempts"]),
                                      tags=row["tags"])], actor=actor, now=now)
 
 
@@ -68,10 +65,6 @@ def recover_stale(conn, *, stale_seconds: float, now: datetime | None = None,
 
     It counts as an attempt: the job is Retried or DeadLettered like any failure.
     """
-    from datetime import timedelta
-
-    from app.commands.report import Report, fail
-
     clock = now or datetime.now(timezone.utc)
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(q("job_stale"), {"cutoff": clock - timedelta(seconds=stale_seconds),

@@ -14,8 +14,10 @@ from typing import Any
 from uuid import UUID
 
 from psycopg.rows import tuple_row
-from app.settings import get_settings
-from app.sql import q
+
+from qforge.commands.advance import advance
+from qforge.settings import get_settings
+from qforge.sql import q
 
 JITTER_RATIO = 0.1  # up to +10 % of the backoff delay
 
@@ -109,6 +111,4 @@ def _advance(conn, locked: list[UUID], workflow_ids: set[UUID], now: datetime | 
     missing = workflow_ids - set(locked)
     if missing:  # a caller that said it knew the workflows did not: never advance unlocked
         raise RuntimeError(f"workflows {sorted(missing)} were not locked before their steps")
-    from app.commands.workflows import advance  # workflows build on reports, not the reverse
-
     advance(conn, sorted(workflow_ids), now=now)

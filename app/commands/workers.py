@@ -9,8 +9,8 @@ from typing import Any
 
 from psycopg.rows import tuple_row
 
-from app.commands.report import Outcome, Report
-from app.sql import q
+from qforge.commands.report import Outcome, Report
+from qforge.sql import q
 
 
 @dataclass(frozen=True)

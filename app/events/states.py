@@ -1,8 +1,9 @@
 """The state machine: the one table of legal transitions for jobs (and steps) and workflows.
 
-Every command guards with it, the SQL fold (`state_next` in migrations/0002) reads
-it from `state_transitions`, which `qforge migrate` fills from this module.
-No other code lists statuses.
+Every command guards with it; the database gets it as a generated definition
+(`state_machine_definition`, applied by `qforge migrate`), which the fold
+(`state_next`) and the guards of the command statements (`state_allows`) read.
+No other code lists statuses: use the names and sets below.
 """
 
 from __future__ import annotations
@@ -10,66 +11,78 @@ from __future__ import annotations
 import json
 from typing import Iterable
 
-from psycopg import sql
+from qforge.events import types as ev
 
 NEW = ""  # the status of a stream that does not exist yet
+
+# Job (and workflow step) statuses.
+BLOCKED = "blocked"  # dependencies not done
+PENDING = "pending"  # claimable at run_at
+WAITING = "waiting"  # a trigger or a timer
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+DEAD = "dead"  # retries exhausted
+CANCELLED = "cancelled"
+SKIPPED = "skipped"
+# Workflow statuses (running, succeeded and cancelled are shared with jobs).
+FAILED = "failed"
 
 # (status, event type) -> new status. A set means the event chooses one of
 # them with its data["status"] (e.g. a workflow step is created blocked).
 JOB_TRANSITIONS: dict[tuple[str, str], str | frozenset[str]] = {
     # created: a plain job is pending, a step with dependencies (or a failure
     # handler) is blocked, a root wait step is waiting at once
-    (NEW, "Enqueued"): frozenset({"pending", "blocked", "waiting"}),
+    (NEW, ev.Enqueued.type): frozenset({PENDING, BLOCKED, WAITING}),
     # dependencies done and condition true: a task step becomes claimable, a
     # trigger/sleep step starts waiting
-    ("blocked", "StepUnblocked"): frozenset({"pending", "waiting"}),
+    (BLOCKED, ev.StepUnblocked.type): frozenset({PENDING, WAITING}),
     # a condition false, or an upstream step that can no longer succeed
-    ("blocked", "Skipped"): "skipped",
+    (BLOCKED, ev.Skipped.type): SKIPPED,
     # a worker takes it (every claim bumps attempts: the fencing token)
-    ("pending", "Claimed"): "running",
-    ("running", "Heartbeat"): "running",
-    ("running", "Succeeded"): "succeeded",
+    (PENDING, ev.Claimed.type): RUNNING,
+    (RUNNING, ev.Heartbeat.type): RUNNING,
+    (RUNNING, ev.Succeeded.type): SUCCEEDED,
     # a failed attempt is always followed, in the same transaction, by
     # Retried (back to pending at run_at) or DeadLettered
-    ("running", "Failed"): "running",
-    ("running", "Retried"): "pending",
-    ("running", "DeadLettered"): "dead",
+    (RUNNING, ev.Failed.type): RUNNING,
+    (RUNNING, ev.Retried.type): PENDING,
+    (RUNNING, ev.DeadLettered.type): DEAD,
     # a stopping worker hands the job back without using up an attempt
-    ("running", "Released"): "pending",
+    (RUNNING, ev.Released.type): PENDING,
     # sleep timer fired / trigger pressed / trigger wait timed out
-    ("waiting", "Succeeded"): "succeeded",
-    ("waiting", "Triggered"): "succeeded",
-    ("waiting", "Failed"): "waiting",
-    ("waiting", "DeadLettered"): "dead",
+    (WAITING, ev.Succeeded.type): SUCCEEDED,
+    (WAITING, ev.Triggered.type): SUCCEEDED,
+    (WAITING, ev.Failed.type): WAITING,
+    (WAITING, ev.DeadLettered.type): DEAD,
     # cancel: anything not finished; a running job's worker learns it at its
     # next heartbeat (rejected) and stops the task
-    ("pending", "Cancelled"): "cancelled",
-    ("blocked", "Cancelled"): "cancelled",
-    ("waiting", "Cancelled"): "cancelled",
-    ("running", "Cancelled"): "cancelled",
+    (PENDING, ev.Cancelled.type): CANCELLED,
+    (BLOCKED, ev.Cancelled.type): CANCELLED,
+    (WAITING, ev.Cancelled.type): CANCELLED,
+    (RUNNING, ev.Cancelled.type): CANCELLED,
     # manual retry: a dead or cancelled job runs again
-    ("dead", "Retried"): "pending",
-    ("cancelled", "Retried"): "pending",
+    (DEAD, ev.Retried.type): PENDING,
+    (CANCELLED, ev.Retried.type): PENDING,
 }
 
 WORKFLOW_TRANSITIONS: dict[tuple[str, str], str | frozenset[str]] = {
-    (NEW, "WorkflowSubmitted"): "running",
-    ("running", "WorkflowSucceeded"): "succeeded",
-    ("running", "WorkflowFailed"): "failed",
-    ("running", "WorkflowCancelled"): "cancelled",
+    (NEW, ev.WorkflowSubmitted.type): RUNNING,
+    (RUNNING, ev.WorkflowSucceeded.type): SUCCEEDED,
+    (RUNNING, ev.WorkflowFailed.type): FAILED,
+    (RUNNING, ev.WorkflowCancelled.type): CANCELLED,
 }
 
 MACHINES = {"job": JOB_TRANSITIONS, "workflow": WORKFLOW_TRANSITIONS}
 
 # Statuses a step (job) never leaves on its own: the workflow evaluator waits
 # for these. (dead and cancelled can still be retried by hand.)
-JOB_FINISHED = frozenset({"succeeded", "dead", "cancelled", "skipped"})
+JOB_FINISHED = frozenset({SUCCEEDED, DEAD, CANCELLED, SKIPPED})
 # Statuses from which a job will still run without anyone's help.
-JOB_ACTIVE = frozenset({"pending", "running", "blocked", "waiting"})
-WORKFLOW_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+JOB_ACTIVE = frozenset({PENDING, RUNNING, BLOCKED, WAITING})
+WORKFLOW_FINISHED = frozenset({SUCCEEDED, FAILED, CANCELLED})
 # Step statuses that do not fail their workflow (a dead step may still be
-# forgiven by a handler that succeeded: see app/commands/dag.py).
-STEP_FINE = frozenset({"succeeded", "skipped"})
+# forgiven by a handler that succeeded: see qforge.commands.dag).
+STEP_FINE = frozenset({SUCCEEDED, SKIPPED})
 
 
 class IllegalTransition(Exception):
@@ -121,21 +134,25 @@ def as_document() -> dict[str, dict[str, list[str]]]:
     return document
 
 
-def install_state_machine(conn) -> None:
-    """Make the database's copy of the table equal to this one (run by migrate).
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def state_machine_definition() -> str:
+    """This table as a repeatable schema definition (migrate applies it when it changes).
 
     Two forms: the state_transitions table to query, and state_machine(), an
     IMMUTABLE function returning the table as one jsonb constant, which
-    state_next()/state_allows() read without a query per event.
+    state_next()/state_allows() read without a query per event. Deterministic
+    text, so its checksum changes exactly when the table does.
     """
-    body = sql.SQL("SELECT {}::jsonb").format(sql.Literal(json.dumps(as_document(), sort_keys=True)))
-    with conn.cursor() as cur:
-        cur.execute("DELETE FROM state_transitions")
-        cur.executemany(
-            "INSERT INTO state_transitions (machine, from_status, event_type, to_status)"
-            " VALUES (%s, %s, %s, %s)",
-            list(rows()),
-        )
-        cur.execute(sql.SQL(
-            "CREATE OR REPLACE FUNCTION state_machine() RETURNS jsonb"
-            " LANGUAGE sql IMMUTABLE PARALLEL SAFE AS {}").format(sql.Literal(body.as_string(conn))))
+    document = json.dumps(as_document(), sort_keys=True)
+    values = ",\n".join(f"    ({', '.join(_literal(v) for v in row)})" for row in sorted(rows()))
+    return (
+        "-- Generated from qforge.events.states: the state machine.\n"
+        "CREATE OR REPLACE FUNCTION state_machine() RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE\n"
+        f"AS $$ SELECT {_literal(document)}::jsonb $$;\n"
+        "DELETE FROM state_transitions;\n"
+        "INSERT INTO state_transitions (machine, from_status, event_type, to_status) VALUES\n"
+        f"{values};\n"
+    )

@@ -10,8 +10,8 @@ from uuid import UUID
 from psycopg.rows import dict_row
 
 from psycopg.rows import tuple_row
-from app.events.types import Event, NewEvent
-from app.sql import q
+from qforge.events.types import Event, NewEvent
+from qforge.sql import q
 
 EVENTS_CHANNEL = "qforge_events"
 JOBS_CHANNEL = "qforge_jobs"

@@ -1,49 +1,223 @@
-"""Event types: facts in the past tense, with a schema version, and the envelope."""
+"""Event types: facts in the past tense, one frozen model per type for its data, with schema versions.
+
+Every event of the log has the envelope of `Event` and a `data` object whose
+shape is the model named by its `type` (`EVENT_DATA`). A model's
+`schema_version` is the version new events are written in; an older stored
+shape is turned into the current one by the upcaster registered beside its
+model (`UPCASTERS`), on read, so stored events are never rewritten. The same
+rule runs inside the database for the fold (`event_upcast`, definitions/10_log.sql);
+tests check that both agree.
+
+Fields that are absent in stored data take the model's defaults, so a default
+here is part of the schema: changing one means a new schema version and an
+upcaster.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Callable, ClassVar, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Job (and workflow step) events.
-ENQUEUED = "Enqueued"
-CLAIMED = "Claimed"
-HEARTBEAT = "Heartbeat"
-SUCCEEDED = "Succeeded"
-FAILED = "Failed"
-RETRIED = "Retried"
-DEAD_LETTERED = "DeadLettered"
-CANCELLED = "Cancelled"
-SKIPPED = "Skipped"
-TRIGGERED = "Triggered"
-RELEASED = "Released"
-STEP_UNBLOCKED = "StepUnblocked"
-# Workflow events.
-WORKFLOW_SUBMITTED = "WorkflowSubmitted"
-WORKFLOW_SUCCEEDED = "WorkflowSucceeded"
-WORKFLOW_FAILED = "WorkflowFailed"
-WORKFLOW_CANCELLED = "WorkflowCancelled"
 
-JOB_EVENT_TYPES = frozenset({
-    ENQUEUED, CLAIMED, HEARTBEAT, SUCCEEDED, FAILED, RETRIED, DEAD_LETTERED, CANCELLED,
-    SKIPPED, TRIGGERED, RELEASED, STEP_UNBLOCKED,
-})
-WORKFLOW_EVENT_TYPES = frozenset({
-    WORKFLOW_SUBMITTED, WORKFLOW_SUCCEEDED, WORKFLOW_FAILED, WORKFLOW_CANCELLED,
-})
-EVENT_TYPES = JOB_EVENT_TYPES | WORKFLOW_EVENT_TYPES
+class EventData(BaseModel):
+    """The data of one event type (subclasses name their type and stream)."""
 
-# The current schema version of each type; older versions are upcast on read
-# by event_upcast() in migrations/0002 (Failed v1 had {"message"}; v2 has
-# {"reason", "error"}).
-SCHEMA_VERSIONS: dict[str, int] = {FAILED: 2}
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: ClassVar[str]
+    stream_type: ClassVar[str]
+    schema_version: ClassVar[int] = 1
 
 
-def schema_version(event_type: str) -> int:
-    return SCHEMA_VERSIONS.get(event_type, 1)
+# --------------------------------------------------------------------------- jobs (and workflow steps)
+
+
+class Enqueued(EventData):
+    """A job (or a workflow's step) exists. A step also names its place in the graph."""
+
+    type = "Enqueued"
+    stream_type = "job"
+    task: str
+    queue: str = "default"
+    priority: int = 0
+    max_retries: int = 3
+    run_at: datetime
+    payload: dict[str, Any] = Field(default_factory=dict)
+    status: Literal["pending", "blocked", "waiting"] = "pending"
+    timeout_seconds: float | None = None
+    idempotency_key: str | None = None
+    step: str | None = None
+    step_type: str | None = None
+    depends_on: list[str] | None = None
+    when: dict[str, Any] | None = None
+    on_failure: str | None = None
+    seconds: float | None = None
+
+
+class StepUnblocked(EventData):
+    """A blocked step's dependencies are done (and its condition holds): it becomes due or starts waiting."""
+
+    type = "StepUnblocked"
+    stream_type = "job"
+    status: Literal["pending", "waiting"]
+    run_at: datetime | None = None
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    failed_step: str | None = None  # set when a failure handler is started
+    error: str | None = None
+
+
+class Skipped(EventData):
+    type = "Skipped"
+    stream_type = "job"
+    reason: str
+    when: dict[str, Any] | None = None
+
+
+class Claimed(EventData):
+    type = "Claimed"
+    stream_type = "job"
+    attempt: int = Field(ge=1, description="the fencing token every later report of this attempt names")
+    worker: str
+
+
+class Heartbeat(EventData):
+    type = "Heartbeat"
+    stream_type = "job"
+    attempt: int
+    worker: str
+
+
+class Succeeded(EventData):
+    type = "Succeeded"
+    stream_type = "job"
+    attempt: int | None = None  # None: a sleep step's timer, not a worker
+    result: Any = None
+
+
+class Failed(EventData):
+    """A failed attempt; the same transaction appends Retried or DeadLettered after it."""
+
+    type = "Failed"
+    stream_type = "job"
+    schema_version = 2
+    attempt: int
+    reason: str = "error"  # error | timeout | heartbeat_timeout | ...
+    error: str
+    result: Any = None  # a task's partial output, when it left one
+
+
+class Retried(EventData):
+    type = "Retried"
+    stream_type = "job"
+    attempt: int
+    delay_seconds: float
+    run_at: datetime
+    manual: bool = False  # an operator's retry of a dead or cancelled job: a fresh retry budget
+
+
+class DeadLettered(EventData):
+    type = "DeadLettered"
+    stream_type = "job"
+    attempt: int
+    error: str | None = None
+
+
+class Released(EventData):
+    """A stopping worker handed the job back without using up its attempt."""
+
+    type = "Released"
+    stream_type = "job"
+    attempt: int
+    reason: str
+
+
+class Cancelled(EventData):
+    type = "Cancelled"
+    stream_type = "job"
+    reason: str
+
+
+class Triggered(EventData):
+    """A waiting wait_for_trigger step was triggered; the payload is its output."""
+
+    type = "Triggered"
+    stream_type = "job"
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- workflows
+
+
+class WorkflowSubmitted(EventData):
+    type = "WorkflowSubmitted"
+    stream_type = "workflow"
+    name: str
+    steps: list[dict[str, Any]]
+    idempotency_key: str | None = None
+    external_id: str | None = None
+
+
+class WorkflowSucceeded(EventData):
+    type = "WorkflowSucceeded"
+    stream_type = "workflow"
+
+
+class WorkflowFailed(EventData):
+    type = "WorkflowFailed"
+    stream_type = "workflow"
+    error: str | None = None
+
+
+class WorkflowCancelled(EventData):
+    type = "WorkflowCancelled"
+    stream_type = "workflow"
+
+
+EVENT_DATA: dict[str, type[EventData]] = {
+    model.type: model for model in (
+        Enqueued, StepUnblocked, Skipped, Claimed, Heartbeat, Succeeded, Failed, Retried,
+        DeadLettered, Released, Cancelled, Triggered,
+        WorkflowSubmitted, WorkflowSucceeded, WorkflowFailed, WorkflowCancelled,
+    )
+}
+EVENT_TYPES = frozenset(EVENT_DATA)
+JOB_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "job")
+WORKFLOW_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "workflow")
+STREAM_TYPES = ("job", "workflow")
+
+
+def _failed_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """Failed v1 carried {"attempt", "message"}; v2 names why: {"attempt", "reason", "error"}."""
+    upcast = {key: value for key, value in data.items() if key != "message"}
+    upcast.setdefault("reason", "error")
+    upcast["error"] = data.get("error", data.get("message"))
+    return upcast
+
+
+# (type, stored schema version) -> the function that turns that shape into the next version's.
+UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
+    ("Failed", 1): _failed_v1,
+}
+
+
+def upcast(event_type: str, schema_version: int, data: dict[str, Any]) -> dict[str, Any]:
+    """Stored data of any version -> the data of the current version of its type."""
+    current = EVENT_DATA[event_type].schema_version
+    while schema_version < current:
+        data = UPCASTERS[(event_type, schema_version)](data)
+        schema_version += 1
+    return data
+
+
+def parse_data(event_type: str, schema_version: int, data: dict[str, Any]) -> EventData:
+    """The typed data of a stored event (ValueError for an unknown type, ValidationError for a bad shape)."""
+    model = EVENT_DATA.get(event_type)
+    if model is None:
+        raise ValueError(f"unknown event type {event_type!r}")
+    return model.model_validate(upcast(event_type, schema_version, data))
 
 
 class NewEvent(BaseModel):
@@ -51,19 +225,27 @@ class NewEvent(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    stream_type: Literal["job", "workflow"]
     stream_id: UUID
     version: int
-    type: str
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: EventData
     tags: dict[str, str] = Field(default_factory=dict)
     workflow_id: UUID | None = None
     actor: str | None = None
 
+    @property
+    def type(self) -> str:
+        return self.data.type
+
     def row(self) -> dict[str, Any]:
-        out = self.model_dump(mode="json")
-        out["schema_version"] = schema_version(self.type)
-        return out
+        """The row events_append takes (absent optional fields are not stored)."""
+        return {
+            "stream_type": self.data.stream_type, "stream_id": str(self.stream_id),
+            "version": self.version, "type": self.data.type,
+            "schema_version": self.data.schema_version,
+            "data": self.data.model_dump(mode="json", exclude_none=True),
+            "tags": self.tags, "workflow_id": str(self.workflow_id) if self.workflow_id else None,
+            "actor": self.actor,
+        }
 
 
 class Event(BaseModel):
@@ -87,3 +269,6 @@ class Event(BaseModel):
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> "Event":
         return cls(**{**row, "xid": int(row["xid"])})
+
+    def typed(self) -> EventData:
+        return parse_data(self.type, self.schema_version, self.data)

@@ -12,9 +12,9 @@ from uuid import UUID
 
 from psycopg.rows import dict_row
 
-from app.projections.jobs import job_view
-from app.projections.workflows import workflow_view
-from app.sql import q
+from qforge.projections.jobs import job_view
+from qforge.projections.workflows import workflow_view
+from qforge.sql import q
 
 
 def job_row_as_of(conn, job_id: UUID, position: int) -> dict[str, Any] | None:

@@ -6,10 +6,10 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from app.projections.jobs import jobs_by_ids
-from app.projections.pages import decode_page_cursor, encode_page_cursor
-from app.projections.workflows import workflows_by_ids
-from app.sql import q
+from qforge.projections.jobs import jobs_by_ids
+from qforge.projections.pages import decode_page_cursor, encode_page_cursor
+from qforge.projections.workflows import workflows_by_ids
+from qforge.sql import q
 
 
 def search(conn, tags: list[tuple[str, str]], *, limit: int = 50,

@@ -7,10 +7,10 @@ from uuid import UUID
 
 from psycopg.rows import dict_row
 
-from app.projections.pages import fetch_page
-from app.sql import q
+from qforge.projections.pages import fetch_page
+from qforge.sql import q
 
-# The fields of GET /jobs/{id} (CONTRACT §3), in order.
+# The fields of GET /jobs/{id}, in order.
 JOB_FIELDS = ("id", "task", "queue", "status", "priority", "attempts", "max_retries", "run_at",
               "payload", "result", "last_error", "tags", "workflow_id", "step", "worker",
               "heartbeat_at", "created_at", "updated_at")

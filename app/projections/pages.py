@@ -11,7 +11,7 @@ from uuid import UUID
 
 from psycopg.rows import dict_row
 
-from app.sql import q
+from qforge.sql import q
 
 
 def encode_page_cursor(created_at: datetime, row_id: UUID) -> str:

@@ -7,8 +7,8 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from app.events.states import statuses
-from app.sql import q
+from qforge.events.states import PENDING, statuses
+from qforge.sql import q
 
 JOB_STATUSES = tuple(sorted(statuses("job")))
 
@@ -24,7 +24,7 @@ def queue_stats(conn) -> list[dict[str, Any]]:
                 "queue": row["queue"], "counts": {s: 0 for s in JOB_STATUSES},
                 "oldest_pending_age_seconds": None})
             entry["counts"][row["status"]] = row["n"]
-            if row["status"] == "pending" and row["oldest_due_seconds"] is not None:
+            if row["status"] == PENDING and row["oldest_due_seconds"] is not None:
                 entry["oldest_pending_age_seconds"] = round(max(row["oldest_due_seconds"], 0.0), 3)
     return list(queues.values())
 

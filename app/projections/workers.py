@@ -6,7 +6,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from app.sql import q
+from qforge.sql import q
 
 
 def live_workers(conn, stale_seconds: float) -> list[dict[str, Any]]:

@@ -7,10 +7,10 @@ from uuid import UUID
 
 from psycopg.rows import dict_row
 
-from app.projections.pages import fetch_page
-from app.sql import q
+from qforge.projections.pages import fetch_page
+from qforge.sql import q
 
-# GET /workflows/{id} (CONTRACT §3).
+# GET /workflows/{id}.
 WORKFLOW_FIELDS = ("id", "name", "status", "tags", "created_at", "finished_at")
 STEP_FIELDS = ("step", "status", "job_id", "depends_on", "output", "error", "attempts",
                "started_at", "finished_at")

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from app.workers.tasks import TaskContext, TaskError, get_task
+from qforge.workers.tasks import TaskContext, TaskError, get_task
 
 __all__ = ["TaskError", "execute"]
 

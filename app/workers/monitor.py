@@ -9,24 +9,19 @@ breaks it stops acting at once (its lock is gone too) and competes again.
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-import signal
-import socket
-import sys
 import time
 from typing import Callable
 
 import psycopg
 from psycopg.rows import tuple_row
 
-from app.commands import workers
-from app.commands.manage import recover_stale
-from app.commands.workflows import fire_timers
-from app.settings import Settings, get_settings
-from app.sql import q
-from app.workers.connection import TRANSIENT_ERRORS, Backoff, connect, describe
+from qforge.commands import workers
+from qforge.commands.manage import recover_stale
+from qforge.commands.workflows import fire_timers
+from qforge.settings import Settings, get_settings
+from qforge.sql import q
+from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, connect, describe
 
 log = logging.getLogger("qforge.monitor")
 
@@ -162,21 +157,3 @@ def _drain_counts(batch: Callable[[], int]) -> list[int]:
 def _ids(ids: list) -> str:
     shown = ", ".join(str(i) for i in ids[:10])
     return shown + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
-
-
-def cli_main(args: argparse.Namespace) -> int:
-    """``qforge monitor``."""
-    from app.db import EmbeddedPostgresError, resolve_database_url
-    from app.workers.worker import configure_logging
-
-    settings = get_settings()
-    configure_logging(settings)
-    try:
-        url = resolve_database_url(args.database_url)
-    except EmbeddedPostgresError as exc:
-        print(f"qforge monitor: {exc}", file=sys.stderr)
-        return 1
-    monitor = Monitor(url, name=f"{socket.gethostname()}-{os.getpid()}", settings=settings)
-    signal.signal(signal.SIGTERM, monitor.stop)
-    signal.signal(signal.SIGINT, monitor.stop)
-    return monitor.run()

@@ -9,11 +9,11 @@ from typing import Any
 
 import psycopg
 
-from app.commands import report
-from app.commands.claim import ClaimedJob
-from app.commands.report import Outcome, Report
-from app.workers.connection import TRANSIENT_ERRORS, describe
-from app.workers.tasks import TaskError
+from qforge.commands import report
+from qforge.commands.claim import ClaimedJob
+from qforge.commands.report import Outcome, Report
+from qforge.workers.connection import TRANSIENT_ERRORS, describe
+from qforge.workers.tasks import TaskError
 
 log = logging.getLogger("qforge.worker")
 

@@ -15,15 +15,12 @@ timer is due.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 import logging
 import os
 import signal
 import socket
-import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,15 +31,15 @@ from uuid import UUID
 import psycopg
 from psycopg import sql
 
-from app.commands import report, workers
-from app.commands.claim import ClaimedJob, claim
-from app.commands.report import Outcome, Report
-from app.events.store import JOBS_CHANNEL
-from app.settings import Settings, get_settings
-from app.workers import reporting
-from app.workers.connection import TRANSIENT_ERRORS, Backoff, Reconnecting, connect_async, describe
-from app.workers.executors import execute
-from app.workers.tasks import TaskContext, load_task_modules
+from qforge.commands import report, workers
+from qforge.commands.claim import ClaimedJob, claim
+from qforge.commands.report import Outcome, Report
+from qforge.events.store import JOBS_CHANNEL
+from qforge.settings import Settings, get_settings
+from qforge.workers import reporting
+from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, Reconnecting, connect_async, describe
+from qforge.workers.executors import execute
+from qforge.workers.tasks import TaskContext
 
 log = logging.getLogger("qforge.worker")
 
@@ -434,53 +431,3 @@ class Worker:
 
 def default_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def configure_logging(settings: Settings) -> None:
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def cli_main(args: argparse.Namespace) -> int:
-    """``qforge worker``."""
-    from app.cli import split_csv
-    from app.db import EmbeddedPostgresError, resolve_database_url
-
-    settings = get_settings()
-    configure_logging(settings)
-    queues = list(dict.fromkeys(split_csv(args.queues))) or ["default"]  # a queue named twice would claim twice
-    if args.concurrency < 1:
-        print("qforge worker: --concurrency must be at least 1", file=sys.stderr)
-        return 2
-    try:
-        load_task_modules(split_csv(args.tasks))
-    except ImportError as exc:
-        print(f"qforge worker: {exc}", file=sys.stderr)
-        return 2
-    try:
-        url = resolve_database_url(args.database_url)
-    except EmbeddedPostgresError as exc:
-        print(f"qforge worker: {exc}", file=sys.stderr)
-        return 1
-    worker = Worker(url, name=args.name or default_name(), queues=queues, concurrency=args.concurrency,
-                    allow_shell=args.allow_shell, settings=settings)
-    try:
-        code = asyncio.run(worker.run())
-    except psycopg.errors.UndefinedTable as exc:
-        print(f"qforge worker: the database has no QForge schema ({describe(exc)}); run `qforge migrate`",
-              file=sys.stderr)
-        return 1
-    worker.task_threads.shutdown(wait=False, cancel_futures=True)
-    deadline = time.monotonic() + 0.5  # idle pool threads exit at once; busy ones are abandoned sync tasks
-    for thread in [t for t in threading.enumerate() if t.name.startswith("qforge-task")]:
-        thread.join(timeout=max(0.0, deadline - time.monotonic()))
-    stuck = [t for t in threading.enumerate() if t.name.startswith("qforge-task") and t.is_alive()]
-    if stuck:
-        # Abandoned sync tasks cannot be interrupted, and the interpreter would
-        # join their threads at exit. Everything is reported: leave now.
-        log.warning("%d task threads still running (abandoned sync tasks); exiting without them", len(stuck))
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code

@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 from playwright.sync_api import Browser, ConsoleMessage, Dialog, sync_playwright
 
-from app.db import connect, with_database
+from qforge.db import connect, with_database
 from browser_stack import CHROMIUM, CHROMIUM_ARGS, START_TIMEOUT, VIEWPORT, Dashboard, Stack, wait_for
 
 

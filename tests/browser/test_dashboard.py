@@ -8,9 +8,9 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from app.commands.enqueue import JobSpec
-from app.commands.enqueue import enqueue as enqueue_in_database
-from app.db import connect
+from qforge.commands.enqueue import JobSpec
+from qforge.commands.enqueue import enqueue as enqueue_in_database
+from qforge.db import connect
 from browser_stack import CHROMIUM, Dashboard, Stack, free_port, wait_for
 
 pytestmark = pytest.mark.skipif(

@@ -2,7 +2,7 @@
 
 PostgreSQL (embedded, unless a URL is given) and migrations in this process;
 the API + dashboard, the monitor and two worker pools as child processes
-(`python -m app.cli ...`, each in its own session so a terminal's Ctrl-C
+(`python -m qforge.cli ...`, each in its own session so a terminal's Ctrl-C
 reaches only this supervisor, which then stops them in order). A child that
 crashes is restarted with backoff. Ctrl-C or SIGTERM stops every child, then
 PostgreSQL, and exits 0; the data stays in ./.qforge/pgdata for the next run.
@@ -24,15 +24,15 @@ from pathlib import Path
 
 import psycopg
 
-from app.db import EmbeddedPostgres, EmbeddedPostgresError, connect
-from app.migrate import migrate
-from app.settings import get_settings
+from qforge.db import EmbeddedPostgres, EmbeddedPostgresError, connect
+from qforge.migrate import SchemaError, migrate
+from qforge.settings import get_settings
 
 POOL_CONCURRENCY = 4
 STOP_GRACE_SECONDS = 20.0  # workers hand back or finish their jobs; then SIGKILL
 RESTART_BACKOFF_MAX = 30.0
 HEALTHY_AFTER_SECONDS = 30.0  # a child that ran this long restarts with a fresh backoff
-NOT_AVAILABLE_EXIT = 2  # `qforge <command>` of a module this build lacks, or bad arguments
+BAD_USAGE_EXIT = 2  # argparse's exit code for arguments it refuses
 
 _PR_SET_PDEATHSIG = 1
 try:
@@ -64,7 +64,7 @@ class Child:
 
     def start(self, env: dict[str, str]) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", *self.argv], env=env,
+            [sys.executable, "-m", "qforge.cli", *self.argv], env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=_die_with_parent)
         self.started_at, self.restart_at = time.monotonic(), None
@@ -153,9 +153,9 @@ class Supervisor:
         code = child.process.poll() if child.process else None
         if code is None:
             return
-        if code == NOT_AVAILABLE_EXIT and now - child.started_at < 5:
-            child.given_up = True
-            _say(f"{child.name} is not available in this build (exit {code}); running without it")
+        if code == BAD_USAGE_EXIT and now - child.started_at < 5:
+            child.given_up = True  # restarting would only fail again
+            _say(f"{child.name} refused its arguments (exit {code}); running without it")
             return
         if now - child.started_at > HEALTHY_AFTER_SECONDS:
             child.backoff = 1.0
@@ -180,7 +180,7 @@ class Supervisor:
                 pump.join(timeout=2)
 
 
-def cli_main(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     settings = get_settings()
     port = args.port if args.port is not None else settings.port
     if not _port_free("127.0.0.1", port):
@@ -199,7 +199,7 @@ def cli_main(args: argparse.Namespace) -> int:
         with connect(url, autocommit=True) as conn:
             for name in migrate(conn):
                 _say(f"applied {name}")
-    except (EmbeddedPostgresError, psycopg.Error, OSError) as exc:
+    except (EmbeddedPostgresError, SchemaError, psycopg.Error, OSError) as exc:
         print(f"qforge dev: {exc}", file=sys.stderr)
         if embedded is not None:
             embedded.stop()

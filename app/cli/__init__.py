@@ -1,4 +1,11 @@
-"""The ``qforge`` command line: one table of subcommands, each run lazily from its own module."""
+"""The ``qforge`` command line: one table of subcommands, each run from its own module of this package.
+
+Command-line code lives here and only here: the domain packages (commands,
+events, projections, workers) never import it. Each subcommand module is
+imported only when that command runs, so `qforge --help` stays fast and a
+command's heavy imports (uvicorn, the worker's task modules) cost the others
+nothing.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +16,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable, Sequence
 
+from qforge import __version__
+from qforge.settings import get_settings
+
 Handler = Callable[[argparse.Namespace], "int | None"]
 
 
 @dataclass(frozen=True)
 class Subcommand:
-    """A ``qforge <name>`` command: its arguments and the function that runs it.
-
-    ``target`` is ``"package.module:function"``, imported only when that
-    command runs, so a missing or broken module never breaks the others. The
-    function takes the parsed namespace (``args.database_url`` included) and
-    returns an exit code or None.
-    """
+    """A ``qforge <name>`` command: its arguments and the module whose ``run(args)`` runs it."""
 
     name: str
     help: str
-    target: str
+    module: str  # under qforge.cli
     add_arguments: Callable[[argparse.ArgumentParser], None] = lambda parser: None
 
 
@@ -34,9 +38,8 @@ def split_csv(value: str | None) -> list[str]:
 
 
 # ---------------------------------------------------------------------------
-# Arguments of each subcommand (CONTRACT §1). Defaults of None for --host and
-# --port are filled from the settings after parsing, so handlers always see
-# concrete values.
+# Arguments of each subcommand. Defaults of None for --host and --port are
+# filled from the settings after parsing, so handlers always see concrete values.
 
 
 def _worker_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +57,11 @@ def _api_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _dev_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=None, help="API and dashboard port (default 8090)")
+
+
+def _migrate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--status", action="store_true",
+                        help="list applied, pending and changed files; apply nothing")
 
 
 def _iso_datetime(value: str) -> datetime:
@@ -80,45 +88,16 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand("dev", "run everything on this machine: database, API + dashboard, monitor, workers",
-               "app.dev:cli_main", _dev_arguments),
-    Subcommand("migrate", "apply pending migrations (safe to run twice or concurrently)", "app.cli:migrate_main"),
-    Subcommand("api", "serve the HTTP API and the dashboard", "app.api.server:cli_main", _api_arguments),
-    Subcommand("worker", "run a worker pool", "app.workers.worker:cli_main", _worker_arguments),
-    Subcommand("monitor", "recover stale jobs, fire timers and trigger timeouts", "app.workers.monitor:cli_main"),
-    Subcommand("replay", "rebuild the projections from the event log", "app.projections.replay:cli_main",
-               _replay_arguments),
-    Subcommand("demo", "enqueue sample jobs and a DAG workflow against a running API", "app.demo:cli_main",
+               "dev", _dev_arguments),
+    Subcommand("migrate", "apply pending migrations (safe to run twice or concurrently)", "migrate",
+               _migrate_arguments),
+    Subcommand("api", "serve the HTTP API and the dashboard", "api", _api_arguments),
+    Subcommand("worker", "run a worker pool", "worker", _worker_arguments),
+    Subcommand("monitor", "recover stale jobs, fire timers and trigger timeouts", "monitor"),
+    Subcommand("replay", "rebuild the projections from the event log", "replay", _replay_arguments),
+    Subcommand("demo", "enqueue sample jobs and a DAG workflow against a running API", "demo",
                _demo_arguments),
 ]
-
-
-# ---------------------------------------------------------------------------
-# Implemented here
-
-
-def migrate_main(args: argparse.Namespace) -> int:
-    """``qforge migrate``: print each applied file, or "up to date"."""
-    import psycopg
-
-    from app.db import EmbeddedPostgresError, connect, resolve_database_url
-    from app.migrate import migrate
-
-    try:
-        url = resolve_database_url(args.database_url)
-        with connect(url, autocommit=True) as conn:
-            applied = migrate(conn)
-    except (EmbeddedPostgresError, psycopg.Error) as exc:
-        notes = "".join(f"\n{note}" for note in getattr(exc, "__notes__", []))
-        print(f"qforge migrate: {exc}{notes}", file=sys.stderr)
-        return 1
-    for name in applied:
-        print(f"applied {name}")
-    if not applied:
-        print("up to date")
-    return 0
-
-
-# ---------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,28 +113,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog="qforge", description="Event-sourced job queue and DAG workflow orchestrator on PostgreSQL."
     )
     parser.add_argument("--database-url", default=None, help="PostgreSQL URL (also accepted after the command)")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in SUBCOMMANDS:
         sub = subparsers.add_parser(command.name, help=command.help, description=command.help, parents=[common])
         command.add_arguments(sub)
-        sub.set_defaults(target=command.target)
+        sub.set_defaults(module=command.module)
     return parser
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("qforge")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _fill_from_settings(args: argparse.Namespace) -> None:
     if getattr(args, "host", "") is None or getattr(args, "port", 0) is None:
-        from app.settings import get_settings
-
         settings = get_settings()
         if getattr(args, "host", "") is None:
             args.host = settings.host
@@ -163,30 +131,11 @@ def _fill_from_settings(args: argparse.Namespace) -> None:
             args.port = settings.port
 
 
-def _load(target: str) -> Handler | None:
-    module_name, _, function_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        # Only "the module itself (or its package) is missing" means "not built
-        # yet"; a missing third-party import inside it is a real error.
-        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            return None
-        raise
-    return getattr(module, function_name, None)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _fill_from_settings(args)
-    handler = _load(args.target)
-    if handler is None:
-        print(
-            f"qforge {args.command}: not available in this build ({args.target} is missing)",
-            file=sys.stderr,
-        )
-        return 2
+    handler: Handler = importlib.import_module(f"qforge.cli.{args.module}").run
     try:
         code = handler(args)
     except KeyboardInterrupt:

@@ -1,4 +1,4 @@
-"""`qforge demo`: enqueue a spread of jobs and the seeds' workflows through the HTTP API."""
+"""`qforge demo`: enqueue a spread of jobs and example workflows through the HTTP API."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from app.demo_workflows import CI_PIPELINE, branching_order, pod_workflow
+from qforge.cli.demo_workflows import CI_PIPELINE, branching_order, pod_workflow
 
 
 def demo_jobs(run: str) -> list[dict[str, Any]]:
@@ -36,7 +36,7 @@ def demo_jobs(run: str) -> list[dict[str, Any]]:
     return jobs
 
 
-def cli_main(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     base = args.api_url.rstrip("/")
     token = os.environ.get("QFORGE_API_TOKEN")
     headers = {"Authorization": f"Bearer {token}"} if token else {}

@@ -1,15 +1,15 @@
-"""The demo's workflows, as data: the seeds' examples, ready to POST."""
+"""The demo's workflows, as data: a CI pipeline, the pod orchestrator's example, conditional edges and waits."""
 
 from __future__ import annotations
 
 from typing import Any
 
-# seeds/000: deploy runs only after test AND lint, which run after build.
+# A CI pipeline: deploy runs only after test AND lint, which run after build.
 CI_PIPELINE: dict[str, Any] = {
     "name": "ci",
     "tags": {"pipeline": "ci"},
     "steps": [
-        {"step": "build", "task": "echo", "payload": {"artifact": "app.tar.gz"}},
+        {"step": "build", "task": "echo", "payload": {"artifact": "qforge.tar.gz"}},
         {"step": "test", "task": "echo", "depends_on": ["build"]},
         {"step": "lint", "task": "echo", "depends_on": ["build"]},
         {"step": "deploy", "task": "echo", "depends_on": ["test", "lint"]},
@@ -17,7 +17,7 @@ CI_PIPELINE: dict[str, Any] = {
 }
 
 
-# seeds/001: A runs first, B and C in parallel once A completes, D after both
+# The pod orchestrator's example: A runs first, B and C in parallel once A completes, D after both
 # (POST /workflow, the pod orchestrator's API; each command runs as a shell step).
 def pod_workflow(workflow_id: str) -> dict[str, Any]:
     return {
@@ -31,7 +31,7 @@ def pod_workflow(workflow_id: str) -> dict[str, Any]:
     }
 
 
-# seeds/003: call B only when A's output X == 'doB', C only when X == 'doC';
+# Conditional edges: call B only when A's output X == 'doB', C only when X == 'doC';
 # a failure handler; a trigger wait and a time wait.
 def branching_order(order_id: str, choice: str = "doB") -> dict[str, Any]:
     return {

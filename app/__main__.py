@@ -1,0 +1,7 @@
+"""`python -m qforge`: the qforge command."""
+
+import sys
+
+from qforge.cli import main
+
+sys.exit(main())

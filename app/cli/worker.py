@@ -1,0 +1,53 @@
+"""`qforge worker`: load the task modules, wait for a current schema, then run a worker pool."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import threading
+import time
+
+from qforge.cli import split_csv
+from qforge.cli.common import complain, configure_logging, database_url, wait_for_schema
+from qforge.settings import get_settings
+from qforge.workers.tasks import load_task_modules
+from qforge.workers.worker import Worker, default_name
+
+log = logging.getLogger("qforge.worker")
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    configure_logging(settings)
+    queues = list(dict.fromkeys(split_csv(args.queues))) or ["default"]  # a queue named twice would claim twice
+    if args.concurrency < 1:
+        complain("worker", "--concurrency must be at least 1")
+        return 2
+    try:
+        load_task_modules(split_csv(args.tasks))
+    except ImportError as exc:
+        complain("worker", exc)
+        return 2
+    url = database_url("worker", args.database_url)
+    if url is None or not wait_for_schema("worker", url):
+        return 1
+    worker = Worker(url, name=args.name or default_name(), queues=queues, concurrency=args.concurrency,
+                    allow_shell=args.allow_shell, settings=settings)
+    code = asyncio.run(worker.run())
+    worker.task_threads.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + 0.5  # idle pool threads exit at once; busy ones are abandoned sync tasks
+    for thread in [t for t in threading.enumerate() if t.name.startswith("qforge-task")]:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    stuck = [t for t in threading.enumerate() if t.name.startswith("qforge-task") and t.is_alive()]
+    if stuck:
+        # Abandoned sync tasks cannot be interrupted, and the interpreter would
+        # join their threads at exit. Everything is reported: leave now.
+        log.warning("%d task threads still running (abandoned sync tasks); exiting without them", len(stuck))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

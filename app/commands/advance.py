@@ -1,0 +1,89 @@
+"""Advance workflows: apply the DAG rules (qforge.commands.dag) to locked workflows and append what they decide.
+
+Everything that finishes a step (a completion, a failure that dead-letters, a
+cancel, a trigger, a timer) calls `advance` in its own transaction, after
+locking the step's workflow: the one lock order that keeps two steps finishing
+at once from unblocking their dependent twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from qforge.commands import dag
+from qforge.commands.errors import NotFound
+from qforge.events import store
+from qforge.events import types as ev
+from qforge.events.states import PENDING, WAITING, WORKFLOW_FINISHED
+from qforge.events.types import NewEvent
+from qforge.sql import q
+
+# A trigger wait without timeout never fires (PostgreSQL's 'infinity' would not load in Python).
+NEVER = datetime(9999, 12, 31, tzinfo=timezone.utc)
+
+
+def wait_until(step_type: str, seconds: float | None, timeout: float | None, now: datetime) -> datetime:
+    """When a wait step's timer fires: a sleep ends, a trigger wait times out (or never)."""
+    delay = seconds if step_type == "sleep" else timeout
+    return NEVER if delay is None else now + timedelta(seconds=delay)
+
+
+def load(cur, workflow_id: uuid.UUID) -> tuple[dict, list[dict]]:
+    """The workflow's row and its steps' job rows."""
+    cur.execute(q("workflow_get"), {"id": workflow_id})
+    workflow = cur.fetchone()
+    if workflow is None:
+        raise NotFound(f"workflow {workflow_id} not found")
+    cur.execute(q("workflow_steps"), {"id": workflow_id})
+    return workflow, cur.fetchall()
+
+
+def step_state(row: dict) -> dag.StepState:
+    definition = dag.StepDef(
+        name=row["step"], type=row["step_type"] or "task", task=row["task"],
+        depends_on=tuple(row["depends_on"] or ()), when=row["condition"],
+        on_failure=row["on_failure"], seconds=row["sleep_seconds"])
+    return dag.StepState(definition, row["status"], row["result"], row["last_error"])
+
+
+def advance(conn, workflow_ids: list[uuid.UUID], *, now: datetime | None = None,
+            actor: str = "system") -> None:
+    """Apply the DAG rules to workflows whose rows the caller has locked."""
+    clock = now or datetime.now(timezone.utc)
+    with conn.cursor(row_factory=dict_row) as cur:
+        for workflow_id in workflow_ids:
+            workflow, steps = load(cur, workflow_id)
+            if workflow["status"] in WORKFLOW_FINISHED:
+                continue
+            verdict = dag.evaluate({row["step"]: step_state(row) for row in steps})
+            by_name = {row["step"]: row for row in steps}
+            events = [_decision_event(by_name[d.step], d, workflow_id, clock)
+                      for d in verdict.decisions]
+            if verdict.workflow_event:
+                data: ev.EventData = (ev.WorkflowFailed(error=verdict.error)
+                                      if verdict.workflow_event == ev.WorkflowFailed.type
+                                      else ev.WorkflowSucceeded())
+                events.append(NewEvent(stream_id=workflow_id, version=workflow["version"] + 1,
+                                       data=data, tags=workflow["tags"], workflow_id=workflow_id))
+            store.append(conn, events, actor=actor, now=now)
+
+
+def _decision_event(row: dict, decision: dag.Decision, workflow_id: uuid.UUID,
+                    now: datetime) -> NewEvent:
+    data: ev.EventData
+    if decision.event_type == ev.StepUnblocked.type:
+        step_type = row["step_type"] or "task"
+        extra: dict[str, Any] = decision.data
+        if step_type == "task":
+            data = ev.StepUnblocked(status=PENDING, run_at=now, **extra)
+        else:
+            data = ev.StepUnblocked(status=WAITING, run_at=wait_until(
+                step_type, row["sleep_seconds"], row["timeout_seconds"], now), **extra)
+    else:
+        data = ev.Skipped(**decision.data)
+    return NewEvent(stream_id=row["id"], version=row["version"] + 1, data=data, tags=row["tags"],
+                    workflow_id=workflow_id)

@@ -1,0 +1,165 @@
+"""What callers ask for: the one set of models for a job and a workflow, used by the API, the SDK and the commands.
+
+A body is validated once, by these models (fields, bounds, values PostgreSQL
+cannot store); the graph of a workflow is checked by the command that submits
+it (`qforge.commands.dag.validate`), which reports every problem at once.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from qforge.commands import dag
+
+NAME_PATTERN = r"^[A-Za-z0-9_.:\-]{1,200}$"
+MAX_DEPTH = 64  # nesting of objects and lists in a body (serializers give up near 255)
+
+
+def storable_problems(value: Any, where: str = "", depth: int = 0) -> list[str]:
+    """What PostgreSQL could not store in jsonb/text, or we could not send back: NUL
+    characters, lone surrogates, NaN/Infinity (which Python's JSON parser accepts), and
+    nesting deeper than MAX_DEPTH."""
+    problems: list[str] = []
+    if depth > MAX_DEPTH:
+        return [f"{where or 'value'}: nested more than {MAX_DEPTH} levels deep"]
+    if isinstance(value, str):
+        if "\x00" in value:
+            problems.append(f"{where or 'value'}: NUL characters are not allowed")
+        else:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                problems.append(f"{where or 'value'}: invalid Unicode (lone surrogate)")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            problems.append(f"{where or 'value'}: NaN and Infinity are not JSON numbers")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{where}.{key}" if where else str(key)
+            problems.extend(storable_problems(key, f"{path} (key)") if isinstance(key, str) else [])
+            problems.extend(storable_problems(item, path, depth + 1))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            problems.extend(storable_problems(item, f"{where}[{index}]", depth + 1))
+    return problems
+
+
+class Storable(BaseModel):
+    """Rejects values PostgreSQL cannot store before anything else looks at them."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        problems = storable_problems(data)
+        if problems:
+            raise ValueError("; ".join(problems[:10]))
+        return data
+
+
+def check_tags(tags: dict[str, str]) -> dict[str, str]:
+    """Tags are searched as key:value, so a key holds no ':'."""
+    for key, value in tags.items():
+        if not key or ":" in key or len(key) > 100 or len(value) > 200:
+            raise ValueError(f"tag {key!r}: keys must be 1-100 characters without ':', values at most 200")
+    return tags
+
+
+class JobSpec(Storable):
+    """POST /jobs: `{"task", "payload"?, "queue"?, "priority"?, "max_retries"?, "run_at"? |
+    "delay_seconds"?, "timeout_seconds"?, "tags"?, "idempotency_key"?}`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(min_length=1, max_length=200)
+    payload: dict[str, Any] = Field(default_factory=dict)
+    queue: str = Field(default="default", pattern=NAME_PATTERN)
+    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000, description="higher runs first")
+    max_retries: int = Field(default=3, ge=0, le=1000,
+                             description="retries after the first attempt: a job that always fails runs "
+                                         "max_retries + 1 times")
+    run_at: datetime | None = None
+    delay_seconds: float | None = Field(default=None, ge=0, le=10 * 365 * 86400)
+    timeout_seconds: float | None = Field(default=None, gt=0, le=7 * 86400)
+    tags: dict[str, str] = Field(default_factory=dict)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, tags: dict[str, str]) -> dict[str, str]:
+        return check_tags(tags)
+
+    @field_validator("run_at")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)  # naive times are UTC
+        return value
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> "JobSpec":
+        if self.run_at is not None and self.delay_seconds is not None:
+            raise ValueError("give run_at or delay_seconds, not both")
+        return self
+
+
+class Condition(BaseModel):
+    """`when`: the step runs only if step `step`'s output at `path` passes the test."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    step: str
+    path: str | None = None
+    equals: Any = None
+    not_equals: Any = None
+    in_: list[Any] | None = Field(default=None, alias="in")
+
+
+class StepSpec(BaseModel):
+    """One step of POST /workflows. `type` is checked with the graph, so every problem
+    of a definition is reported at once."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: str = Field(min_length=1, max_length=200)
+    task: str | None = Field(default=None, min_length=1, max_length=200)
+    payload: dict[str, Any] = Field(default_factory=dict)
+    depends_on: list[str] = Field(default_factory=list, max_length=1000)
+    when: Condition | None = None
+    on_failure: str | None = Field(default=None, max_length=200)
+    type: str = Field(default="task", max_length=100, description="task (default) | wait_for_trigger | sleep")
+    seconds: float | None = Field(default=None, ge=0, le=30 * 86400)
+    timeout_seconds: float | None = Field(default=None, gt=0, le=30 * 86400)
+    max_retries: int = Field(default=3, ge=0, le=1000)
+    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
+    queue: str = Field(default="default", pattern=NAME_PATTERN)
+
+    def definition(self) -> dag.StepDef:
+        """The parts the DAG rules read."""
+        when = self.when.model_dump(by_alias=True, exclude_unset=True) if self.when else None
+        return dag.StepDef(name=self.step, type=self.type, task=self.task,
+                           depends_on=tuple(self.depends_on), when=when,
+                           on_failure=self.on_failure, seconds=self.seconds)
+
+
+class WorkflowSpec(Storable):
+    """POST /workflows: `{"name", "tags"?, "idempotency_key"?, "steps": [...]}`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    tags: dict[str, str] = Field(default_factory=dict)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    steps: list[StepSpec] = Field(min_length=1, max_length=1000)
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, tags: dict[str, str]) -> dict[str, str]:
+        return check_tags(tags)
+
+    def problems(self) -> list[str]:
+        """Every problem of the graph (empty: it may be stored)."""
+        return dag.validate([step.definition() for step in self.steps])

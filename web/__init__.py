@@ -1,0 +1,1 @@
+"""The dashboard: static files served by the API."""
