@@ -12,7 +12,7 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from qforge.api import compat, errors, events, executions, jobs, operations, workflows
+from qforge.api import compat, dashboard_states, errors, events, executions, jobs, operations, workflows
 from qforge.api.auth import require_token
 from qforge.api.deps import Resources
 from qforge.api.errors import error_response
@@ -109,6 +109,13 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
                    executions.router, operations.router):
         app.include_router(router, dependencies=protected)
     app.include_router(operations.health_router)
+
+    states_js = dashboard_states.module()
+
+    @app.get("/js/states.js", include_in_schema=False)
+    def states_module() -> Response:
+        """The dashboard's statuses and colours, from the state machine (no token: it is code)."""
+        return Response(states_js, media_type="text/javascript", headers={"Cache-Control": "no-cache"})
 
     @app.get("/favicon.ico", include_in_schema=False)
     def favicon() -> Response:

@@ -45,7 +45,7 @@ def parse_cursor(text: str | None) -> store.Cursor:
     return cursor
 
 
-@router.get("/events", response_model=EventPage, responses=ERRORS)
+@router.get("/events", response_model=None, responses={200: {"model": EventPage}, **ERRORS})
 def list_events(conn: Conn, after: cursor_query = None,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:
     """The log in order, after a cursor (from the beginning without one); `next` resumes."""
@@ -123,8 +123,9 @@ async def subscribe(resources: Resources, cursor: store.Cursor,
 
 @router.get("/events/stream", response_class=EventSourceResponse,
             responses={200: {"description": "text/event-stream: `id: <cursor>`, "
-                                            "`event: <type>`, `data: <event JSON>`",
-                             "content": {"text/event-stream": {}}}, **ERRORS})
+                                            "`event: <type>`, `data: <event JSON>` (an Event)",
+                             "content": {"text/event-stream": {
+                                 "schema": {"$ref": "#/components/schemas/Event"}}}}, **ERRORS})
 async def stream(request: Request, after: cursor_query = None,
                  workflow_id: UUID | None = None, job_id: UUID | None = None,
                  tag: Annotated[list[str] | None, Query(max_length=20)] = None,

@@ -65,7 +65,8 @@ def get_job(job_id: UUID, conn: Conn,
     return _job(conn, job_id)
 
 
-@router.get("/jobs/{job_id}/events", response_model=EventHistory, responses=ERRORS)
+@router.get("/jobs/{job_id}/events", response_model=None,
+            responses={200: {"model": EventHistory}, **ERRORS})
 def job_events(job_id: UUID, conn: Conn) -> dict:
     """The job's own events, oldest first: its audit trail."""
     events = store.read_stream(conn, job_id)

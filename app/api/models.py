@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
 from qforge.commands.specs import Storable
+from qforge.events.types import EVENT_DATA, EventData
 
 # --------------------------------------------------------------------------- errors
 
@@ -51,26 +52,36 @@ class JobList(BaseModel):
 # --------------------------------------------------------------------------- events
 
 
-class EventView(BaseModel):
+class EventEnvelope(BaseModel):
     position: int
     stream_type: str
     stream_id: UUID
     version: int
-    type: str
     schema_version: int
-    data: dict[str, Any]
     tags: dict[str, str]
     workflow_id: UUID | None = None
     occurred_at: datetime
     actor: str
 
 
+def _typed_event(data_model: type[EventData]) -> type[EventEnvelope]:
+    """`{...envelope, "type": "<Type>", "data": <its model>}`: one schema component per event type."""
+    return create_model(f"{data_model.type}Event", __base__=EventEnvelope,
+                        __doc__=f"A {data_model.type} event: {(data_model.__doc__ or '').strip()}".strip(": "),
+                        type=(Literal[data_model.type], ...), data=(data_model, ...))
+
+
+class Event(RootModel[Annotated[Union[tuple(_typed_event(m) for m in EVENT_DATA.values())],  # type: ignore[misc]
+                                Field(discriminator="type")]]):
+    """An event of the log: the envelope, its type and the data of that type."""
+
+
 class EventHistory(BaseModel):
-    events: list[EventView]
+    events: list[Event]
 
 
 class EventPage(BaseModel):
-    events: list[EventView]
+    events: list[Event]
     next: str = Field(description="the cursor to pass as ?after= for the following events")
 
 

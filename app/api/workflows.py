@@ -63,7 +63,8 @@ def get_workflow(workflow_id: UUID, conn: Conn,
     return _workflow(conn, workflow_id)
 
 
-@router.get("/workflows/{workflow_id}/events", response_model=EventHistory, responses=ERRORS)
+@router.get("/workflows/{workflow_id}/events", response_model=None,
+            responses={200: {"model": EventHistory}, **ERRORS})
 def workflow_events(workflow_id: UUID, conn: Conn) -> dict:
     """The workflow's own events and its steps' job events, in log order."""
     events = store.read_workflow(conn, workflow_id)

@@ -21,7 +21,8 @@ BEGIN
 END $$;
 
 -- Guards used by the command statements: may an event of this type happen now?
+-- A NULL status is a stream that does not exist yet, as in Python's allows().
 CREATE OR REPLACE FUNCTION state_allows(p_machine text, p_from text, p_event text)
 RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT coalesce(state_machine() -> p_machine ? (p_from || '/' || p_event), false)
+    SELECT coalesce(state_machine() -> p_machine ? (coalesce(p_from, '') || '/' || p_event), false)
 $$;

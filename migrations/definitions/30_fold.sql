@@ -78,6 +78,8 @@ BEGIN
         IF d ? 'error' THEN
             s.last_error := d ->> 'error';
         END IF;
+    ELSE
+        RAISE EXCEPTION 'the job fold has no rule for event type %', e.type USING ERRCODE = 'check_violation';
     END CASE;
     RETURN s;
 END $$;
@@ -111,6 +113,8 @@ BEGIN
     WHEN 'WorkflowSucceeded', 'WorkflowFailed', 'WorkflowCancelled' THEN
         s.error := d ->> 'error';
         s.finished_at := e.occurred_at;
+    ELSE
+        RAISE EXCEPTION 'the workflow fold has no rule for event type %', e.type USING ERRCODE = 'check_violation';
     END CASE;
     RETURN s;
 END $$;

@@ -3,7 +3,7 @@
 // barycenter sweeps, long edges routed through dummy points so they run
 // between boxes rather than through them.
 
-import { s, statusClass } from "./dom.js";
+import { s, statusClass, S } from "./dom.js";
 import { describeCondition } from "./summary.js";
 
 const NODE_W = 168;
@@ -206,7 +206,7 @@ function subtitle(step) {
 
 export function isTriggerable(step) {
   const type = step.type || step.step_type;
-  return step.status === "waiting" && (type === "wait_for_trigger" || type == null);
+  return step.status === S.WAITING && (type === "wait_for_trigger" || type == null);
 }
 
 function marker(id, cls) {

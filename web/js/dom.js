@@ -6,39 +6,23 @@
 
 const SVG_NS = "http://www.w3.org/2000/svg";
 
-// The one status map of the dashboard. Each status is a CSS class
-// (`st-<status>`, defined once in styles.css) that sets --c (strong colour) and
-// --bg (tint); pills, event badges, DAG boxes, bars and timeline dots all
-// paint with those two variables, so a colour means the same everywhere.
-export const STATUSES = [
-  "blocked", "pending", "waiting", "running", "succeeded",
-  "failed", "dead", "cancelled", "skipped",
-];
+// The one status map of the dashboard comes from the API (GET /js/states.js,
+// generated from the state machine). Each status is a CSS class (`st-<status>`)
+// that sets --c (strong colour), --bg (tint) and --fg (text on the tint); pills,
+// event badges, DAG boxes, bars and timeline dots all paint with those
+// variables, so a colour means the same everywhere.
+import {
+  CANCELLABLE as CANCELLABLE_LIST, COLOURS, EVENT_STATUS, RETRYABLE as RETRYABLE_LIST, S, STATUSES,
+} from "./states.js";
 
-// What each event type leads to (CONTRACT §4/§5), for colouring the event.
-export const EVENT_STATUS = {
-  Enqueued: "pending",
-  StepUnblocked: "pending",
-  Claimed: "running",
-  Heartbeat: "running",
-  Released: "pending",
-  Succeeded: "succeeded",
-  Triggered: "succeeded",
-  Failed: "failed",
-  Retried: "waiting",
-  DeadLettered: "dead",
-  Cancelled: "cancelled",
-  Skipped: "skipped",
-  WorkflowSubmitted: "running",
-  WorkflowSucceeded: "succeeded",
-  WorkflowFailed: "failed",
-  WorkflowCancelled: "cancelled",
-};
+export { EVENT_STATUS, S, STATUSES };
+export const CANCELLABLE = new Set(CANCELLABLE_LIST);
+export const RETRYABLE = new Set(RETRYABLE_LIST);
 
-// Which buttons a status offers. The API decides (409 otherwise); these only
-// keep buttons that cannot work off the screen.
-export const CANCELLABLE = new Set(["blocked", "pending", "waiting", "running"]);
-export const RETRYABLE = new Set(["dead", "cancelled"]);
+const statusSheet = new CSSStyleSheet();
+statusSheet.replaceSync(Object.entries(COLOURS).map(([status, colour]) =>
+  `.st-${status} { --c: ${colour.c}; --bg: ${colour.bg}; --fg: ${colour.fg}; }`).join("\n"));
+document.adoptedStyleSheets = [...document.adoptedStyleSheets, statusSheet];
 
 export function statusClass(status) {
   return STATUSES.includes(status) ? `st-${status}` : "st-unknown";

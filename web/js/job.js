@@ -3,7 +3,7 @@
 import { api, ApiError } from "./api.js";
 import {
   CANCELLABLE, RETRYABLE, clear, clock, codeBlock, dateTime, debounce, emptyState,
-  eventBadge, facts, h, pill, statusClass, tagChips, toast, workflowLink, EVENT_STATUS,
+  eventBadge, facts, h, pill, statusClass, tagChips, toast, workflowLink, EVENT_STATUS, S,
 } from "./dom.js";
 import { subscribe } from "./live.js";
 import { summarize } from "./summary.js";
@@ -58,7 +58,7 @@ function outcome(job) {
   }
   if (hasError) {
     // A job that succeeded after a retry keeps the error of its failed attempt.
-    const earlier = job.status === "succeeded";
+    const earlier = job.status === S.SUCCEEDED;
     const block = h("div", { class: `card${earlier ? " earlier" : ""}` },
       h("h3", null, earlier ? "Error of an earlier attempt" : "Error"), codeBlock(job.last_error, "error"));
     if (earlier) blocks.push(block);

@@ -11,13 +11,10 @@
 import { api, ApiError, getToken, query } from "./api.js";
 
 // EventSource only dispatches named events ("event: Claimed") to listeners
-// registered for that name, so the contract's types are listed here
-// (CONTRACT §4, plus Released and StepUnblocked). Add new types here.
-export const EVENT_TYPES = [
-  "Enqueued", "StepUnblocked", "Claimed", "Heartbeat", "Released", "Succeeded", "Failed",
-  "Retried", "DeadLettered", "Cancelled", "Skipped", "Triggered",
-  "WorkflowSubmitted", "WorkflowSucceeded", "WorkflowFailed", "WorkflowCancelled",
-];
+// registered for that name: every type of the log, from GET /js/states.js.
+import { EVENT_TYPES } from "./states.js";
+
+export { EVENT_TYPES };
 
 const SEEN_LIMIT = 20000;
 const RECONNECT_MAX_MS = 10000;

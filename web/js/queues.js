@@ -3,7 +3,7 @@
 import { api, ApiError, itemsOf, query } from "./api.js";
 import {
   STATUSES, clear, compact, dateTime, debounce, duration, emptyState, h, jobLink,
-  parseTime, statusClass, syncChildren, tagChips, toast,
+  parseTime, statusClass, syncChildren, tagChips, toast, S,
 } from "./dom.js";
 import { subscribe } from "./live.js";
 
@@ -113,7 +113,7 @@ export function mountQueues(container) {
 
   async function refreshDead() {
     try {
-      const body = await api(`/jobs${query({ status: "dead", limit: DEAD_LIMIT })}`);
+      const body = await api(`/jobs${query({ status: S.DEAD, limit: DEAD_LIMIT })}`);
       if (disposed) return;
       const jobs = itemsOf(body, "jobs").filter((job) => !retrying.has(job.id));
       syncChildren(deadBody, jobs, {

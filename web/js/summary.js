@@ -1,6 +1,6 @@
 // One line that says what an event means, for the timeline and the histories.
 
-import { compact, duration, parseTime } from "./dom.js";
+import { compact, duration, parseTime, S } from "./dom.js";
 
 function attempt(data) {
   return data.attempt != null ? `attempt ${data.attempt}` : null;
@@ -27,7 +27,7 @@ const condition = (when) => describeCondition(when);
 const DESCRIBE = {
   Enqueued: (d) => [
     d.task ? `task ${d.task}` : null,
-    d.status && d.status !== "pending" ? d.status : null,
+    d.status && d.status !== S.PENDING ? d.status : null,
     d.priority ? `priority ${d.priority}` : null,
     d.max_retries != null ? `max retries ${d.max_retries}` : null,
     d.when ? `when ${condition(d.when)}` : null,

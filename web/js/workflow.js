@@ -3,7 +3,7 @@
 import { api, ApiError } from "./api.js";
 import {
   between, clear, codeBlock, dateTime, debounce, emptyState, facts, h, jobLink, pill,
-  STATUSES, statusClass, tagChips, toast,
+  STATUSES, statusClass, tagChips, toast, S,
 } from "./dom.js";
 import { chooseLayout, isTriggerable, renderDag } from "./dag.js";
 import { historyList, keepOpenDetails } from "./job.js";
@@ -187,7 +187,7 @@ export function mountWorkflow(container, workflowId) {
   function renderHeader() {
     const actions = [h("a", { class: "btn", href: `#/timeline?workflow=${encodeURIComponent(workflowId)}` },
       "Events in timeline")];
-    if (workflow.status === "running") {
+    if (workflow.status === S.RUNNING) {
       actions.push(h("button", { class: "btn danger", id: "workflow-cancel", type: "button", onclick: cancelWorkflow },
         "Cancel workflow"));
     }

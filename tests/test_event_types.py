@@ -1,0 +1,137 @@
+"""Event types are one set: the Python models, the state machine, the database's fold and its guards agree."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+
+from qforge.api import dashboard_states
+from qforge.events import states
+from qforge.events import types as ev
+from qforge.events.ids import new_id
+
+T0 = datetime(2031, 1, 1, tzinfo=timezone.utc)
+
+
+def test_models_state_machine_and_dashboard_name_the_same_event_types() -> None:
+    for machine, stream_types in (("job", ev.JOB_EVENT_TYPES), ("workflow", ev.WORKFLOW_EVENT_TYPES)):
+        in_table = {event_type for (_, event_type) in states.MACHINES[machine]}
+        assert in_table == stream_types, machine
+    assert ev.JOB_EVENT_TYPES | ev.WORKFLOW_EVENT_TYPES == ev.EVENT_TYPES == set(ev.EVENT_DATA)
+    assert set(dashboard_states.event_status()) == ev.EVENT_TYPES
+    assert set(dashboard_states.COLOURS) >= states.statuses("job") | states.statuses("workflow")
+
+
+def test_the_database_state_machine_holds_the_python_types(conn: psycopg.Connection) -> None:
+    rows = conn.execute("SELECT DISTINCT machine, event_type FROM state_transitions").fetchall()
+    assert {(r["machine"], r["event_type"]) for r in rows} == {
+        (machine, e) for machine, table in states.MACHINES.items() for (_, e) in table}
+
+
+def test_state_allows_in_the_database_agrees_with_python(conn: psycopg.Connection) -> None:
+    cases = []
+    for machine in states.MACHINES:
+        statuses = [None, ""] + sorted(states.statuses(machine)) + ["bogus"]
+        cases += itertools.product([machine], statuses, sorted(ev.EVENT_TYPES | {"Bogus"}))
+    rows = conn.execute(
+        "SELECT state_allows(m, f, e) AS allowed FROM unnest(%s::text[], %s::text[], %s::text[])"
+        " WITH ORDINALITY AS c(m, f, e, n) ORDER BY n", [list(column) for column in zip(*cases)]).fetchall()
+    assert [row["allowed"] for row in rows] == [states.allows(*case) for case in cases]
+
+
+# ---------------------------------------------------------------------------
+# the fold applies every transition of the state machine, and refuses the rest
+
+def _data(event_type: str, **overrides) -> ev.EventData:
+    """Valid data of each type (what the commands would write)."""
+    samples = {
+        "Enqueued": dict(task="echo", run_at=T0, status="pending"),
+        "StepUnblocked": dict(status="pending", run_at=T0, inputs={"a": 1}),
+        "Skipped": dict(reason="condition not met"),
+        "Claimed": dict(attempt=1, worker="w1"),
+        "Heartbeat": dict(attempt=1, worker="w1"),
+        "Succeeded": dict(attempt=1, result={"ok": True}),
+        "Failed": dict(attempt=1, reason="error", error="boom"),
+        "Retried": dict(attempt=1, delay_seconds=1.0, run_at=T0 + timedelta(seconds=1)),
+        "DeadLettered": dict(attempt=1, error="boom"),
+        "Released": dict(attempt=1, reason="shutdown"),
+        "Cancelled": dict(reason="cancelled by test"),
+        "Triggered": dict(payload={"approved": True}),
+        "WorkflowSubmitted": dict(name="wf", steps=[{"step": "a", "task": "echo"}]),
+        "WorkflowSucceeded": {},
+        "WorkflowFailed": dict(error="a dead"),
+        "WorkflowCancelled": {},
+    }
+    return ev.EVENT_DATA[event_type](**{**samples[event_type], **overrides})
+
+
+# Paths through the state machine that, together, take every transition once at least.
+JOB_PATHS: list[list[tuple[str, dict]]] = [
+    [("Enqueued", {}), ("Claimed", {}), ("Heartbeat", {}), ("Succeeded", {})],
+    [("Enqueued", {}), ("Claimed", {}), ("Failed", {}), ("Retried", {}), ("Claimed", {"attempt": 2}),
+     ("Failed", {"attempt": 2}), ("DeadLettered", {"attempt": 2}), ("Retried", {"attempt": 2, "manual": True}),
+     ("Cancelled", {}), ("Retried", {"attempt": 2, "manual": True})],
+    [("Enqueued", {}), ("Claimed", {}), ("Released", {}), ("Claimed", {"attempt": 2}), ("Cancelled", {})],
+    [("Enqueued", {"status": "blocked"}), ("StepUnblocked", {"status": "waiting"}), ("Triggered", {})],
+    [("Enqueued", {"status": "blocked"}), ("StepUnblocked", {}), ("Cancelled", {})],
+    [("Enqueued", {"status": "blocked"}), ("Skipped", {})],
+    [("Enqueued", {"status": "blocked"}), ("Cancelled", {})],
+    [("Enqueued", {"status": "waiting"}), ("Failed", {"attempt": 0, "reason": "timeout"}),
+     ("DeadLettered", {"attempt": 0})],
+    [("Enqueued", {"status": "waiting"}), ("Succeeded", {"attempt": None})],
+    [("Enqueued", {"status": "waiting"}), ("Cancelled", {})],
+]
+WORKFLOW_PATHS = [[("WorkflowSubmitted", {}), ("WorkflowSucceeded", {})],
+                  [("WorkflowSubmitted", {}), ("WorkflowFailed", {})],
+                  [("WorkflowSubmitted", {}), ("WorkflowCancelled", {})]]
+
+
+def _insert(conn, stream_id: uuid.UUID, version: int, data: ev.EventData) -> None:
+    conn.execute(
+        "INSERT INTO events (stream_type, stream_id, version, type, schema_version, data, occurred_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+        (data.stream_type, stream_id, version, data.type, data.schema_version,
+         json.dumps(data.model_dump(mode="json", exclude_none=True)), T0))
+
+
+def test_the_fold_takes_every_transition_to_the_status_python_names(conn: psycopg.Connection) -> None:
+    taken: set[tuple[str, str, str]] = set()
+    for machine, paths, table in (("job", JOB_PATHS, "jobs"), ("workflow", WORKFLOW_PATHS, "workflows")):
+        for path in paths:
+            stream_id, status = new_id(), None
+            for version, (event_type, overrides) in enumerate(path, start=1):
+                data = _data(event_type, **overrides)
+                _insert(conn, stream_id, version, data)
+                wanted = getattr(data, "status", None)
+                expected = states.next_status(machine, status, event_type, wanted)
+                taken.add((machine, status or states.NEW, event_type))
+                row = conn.execute(f"SELECT status, version FROM {table} WHERE id = %s", (stream_id,)).fetchone()
+                assert (row["status"], row["version"]) == (expected, version), (machine, path, event_type)
+                status = expected
+    every = {(machine, source, event) for machine, t in states.MACHINES.items() for (source, event) in t}
+    assert taken == every
+
+
+@pytest.mark.parametrize("stream_type", ["job", "workflow"])
+def test_the_fold_refuses_an_unknown_event_type(conn: psycopg.Connection, stream_type: str) -> None:
+    first = _data("Enqueued") if stream_type == "job" else _data("WorkflowSubmitted")
+    stream_id = new_id()
+    _insert(conn, stream_id, 1, first)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("INSERT INTO events (stream_type, stream_id, version, type, data)"
+                     " VALUES (%s, %s, 2, 'Teleported', '{}')", (stream_type, stream_id))
+
+
+def test_upcasters_lead_to_the_current_version_of_each_type() -> None:
+    for (event_type, version), _ in ev.UPCASTERS.items():
+        assert version < ev.EVENT_DATA[event_type].schema_version
+    for event_type, model in ev.EVENT_DATA.items():
+        for version in range(1, model.schema_version):
+            assert (event_type, version) in ev.UPCASTERS, (event_type, version)
+    assert ev.parse_data("Failed", 1, {"attempt": 2, "message": "disk full"}) == ev.Failed(
+        attempt=2, reason="error", error="disk full")

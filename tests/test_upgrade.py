@@ -1,0 +1,237 @@
+"""Upgrades from the 0.1.0 release: a database made and filled by 0.1.0 becomes today's, data in place.
+
+tests/fixtures/qforge-0.1.0 holds the released schema and code. A database is
+migrated with it and filled by a seeded workload run through the 0.1.0
+commands (workload.py, in a subprocess with the 0.1.0 package on its path),
+which also records what the 0.1.0 API answered. Then today's `qforge migrate`
+upgrades it, and everything must still hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from qforge import cli
+from qforge.api.app import create_app
+from qforge.api.server import BackgroundServer
+from qforge.commands.claim import claim
+from qforge.commands.enqueue import enqueue
+from qforge.commands.report import Report, complete
+from qforge.commands.specs import JobSpec
+from qforge.commands.workflows import trigger
+from qforge.db import connect, with_database
+from qforge.events.states import WORKFLOW_FINISHED
+from qforge.migrate import migrate, status
+from qforge.projections import replay
+
+FIXTURE = Path(__file__).parent / "fixtures" / "qforge-0.1.0"
+JOBS = 1200
+WORKFLOWS = 70
+
+
+@pytest.fixture(scope="module")
+def release_0_1_0(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 0.1.0 package, unpacked (it is named `app`, as it was then)."""
+    folder = tmp_path_factory.mktemp("qforge-0.1.0")
+    with zipfile.ZipFile(FIXTURE / "app.zip") as archive:
+        archive.extractall(folder)
+    return folder
+
+
+def _create(admin_url: str, name: str, template: str | None = None) -> str:
+    statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template:
+        statement = sql.SQL("{} TEMPLATE {}").format(statement, sql.Identifier(template))
+    with connect(admin_url, autocommit=True) as admin:
+        admin.execute(statement)
+    return with_database(admin_url, name)
+
+
+def _drop(admin_url: str, name: str) -> None:
+    with connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="module")
+def filled_by_0_1_0(server_url: str, release_0_1_0: Path,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(name of a database made and filled by 0.1.0, what its workload recorded); used as a template."""
+    name = f"qf_v010_{secrets.token_hex(4)}"
+    url = _create(server_url, name)
+    out = tmp_path_factory.mktemp("workload") / "record.json"
+    env = {**os.environ, "PYTHONPATH": str(release_0_1_0)}
+    env.pop("QFORGE_DATABASE_URL", None)
+    result = subprocess.run(
+        [sys.executable, str(FIXTURE / "workload.py"), url, str(FIXTURE / "schema"), str(out),
+         "--jobs", str(JOBS), "--workflows", str(WORKFLOWS)],
+        cwd=release_0_1_0, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    try:
+        yield name, json.loads(out.read_text())
+    finally:
+        _drop(server_url, name)
+
+
+@pytest.fixture
+def upgraded(server_url: str, filled_by_0_1_0: tuple[str, dict]) -> Iterator[tuple[str, dict]]:
+    """A fresh copy of the 0.1.0 database, upgraded by today's migrate."""
+    template, record = filled_by_0_1_0
+    name = f"t_up_{secrets.token_hex(5)}"
+    url = _create(server_url, name, template)
+    try:
+        with connect(url, autocommit=True) as conn:
+            applied = migrate(conn)
+            assert applied, "an upgrade from 0.1.0 applies something"
+            assert status(conn).current
+        yield url, record
+    finally:
+        _drop(server_url, name)
+
+
+def test_the_workload_reached_every_status(filled_by_0_1_0: tuple[str, dict]) -> None:
+    _, record = filled_by_0_1_0
+    assert set(record["counts"]) == {"pending", "running", "succeeded", "dead", "cancelled", "waiting",
+                                     "skipped", "blocked"}, record["counts"]
+    assert set(record["workflow_counts"]) == {"running", "succeeded", "failed", "cancelled"}
+    assert record["waiting_triggers"], "some workflows wait for a trigger"
+
+
+def test_upgrade_keeps_every_job_and_workflow_and_the_log_replays(upgraded: tuple[str, dict]) -> None:
+    url, record = upgraded
+    views = record["views"]
+    with connect(url, autocommit=True) as conn:
+        assert replay.verify(conn) == []
+        assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == record["events"]
+    with BackgroundServer(create_app(url)) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        for job_id, before in views["jobs"].items():
+            after = client.get(f"/jobs/{job_id}").json()
+            assert {key: after.get(key) for key in before} == before, job_id
+            assert client.get(f"/jobs/{job_id}/events").json() == views["job_events"][job_id], job_id
+        for workflow_id, before in views["workflows"].items():
+            after = client.get(f"/workflows/{workflow_id}").json()
+            assert _same_workflow(before, after), workflow_id
+            assert client.get(f"/workflows/{workflow_id}/events").json() == views["workflow_events"][workflow_id]
+        for tag, before in views["executions"].items():
+            after = client.get("/executions", params={"tag": tag, "limit": 500}).json()
+            assert [item["id"] for item in after["items"]] == [item["id"] for item in before["items"]], tag
+
+
+def _same_workflow(before: dict, after: dict) -> bool:
+    """Every field 0.1.0 showed, step by step, is unchanged (new fields may be added)."""
+    steps_before, steps_after = before.pop("steps"), after.pop("steps")
+    same = {key: after.get(key) for key in before} == before and len(steps_before) == len(steps_after)
+    return same and all({key: a.get(key) for key in b} == b for b, a in zip(steps_before, steps_after))
+
+
+def test_after_the_upgrade_waiting_workflows_finish_and_new_jobs_run(upgraded: tuple[str, dict]) -> None:
+    url, record = upgraded
+    with connect(url, autocommit=True, row_factory=dict_row) as conn:
+        for workflow_id, step in record["waiting_triggers"]:
+            trigger(conn, workflow_id, step, {"approved_by": "upgrade test"}, actor="test")
+        [new_job] = enqueue(conn, [JobSpec(task="echo", payload={"after": "upgrade"})], actor="test")
+        drained = 0
+        while claimed := claim(conn, ["default", "emails"], 100, "upgrade-worker"):
+            complete(conn, [Report(job.id, job.attempt, result={"ok": True}, workflow_id=job.workflow_id)
+                            for job in claimed], actor="upgrade-worker", workflow_ids_known=True)
+            drained += len(claimed)
+        assert drained > 0
+        assert conn.execute("SELECT status FROM jobs WHERE id = %s", (new_job.id,)).fetchone()["status"] \
+            == "succeeded"
+        for workflow_id, _ in record["waiting_triggers"]:
+            row = conn.execute("SELECT status FROM workflows WHERE id = %s", (workflow_id,)).fetchone()
+            assert row["status"] in WORKFLOW_FINISHED, (workflow_id, row)
+        assert replay.verify(conn) == []
+
+
+def test_cli_status_after_an_upgrade_lists_adopted_files(server_url: str,
+                                                         filled_by_0_1_0: tuple[str, dict],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    name = f"t_st_{secrets.token_hex(5)}"
+    url = _create(server_url, name, filled_by_0_1_0[0])
+    try:
+        assert cli.main(["--database-url", url, "migrate", "--status"]) == 0
+        before = capsys.readouterr().out
+        assert "recorded before checksums; adopted" in before and "pending  0005_converge_pre_release.sql" in before
+        assert cli.main(["--database-url", url, "migrate"]) == 0
+        capsys.readouterr()
+        assert cli.main(["--database-url", url, "migrate", "--status"]) == 0
+        after = capsys.readouterr().out
+        assert "0 problem(s), 0 file(s) to apply" in after and "adopted" not in after
+    finally:
+        _drop(server_url, name)
+
+
+# ---------------------------------------------------------------------------
+# the catalog after an upgrade equals the catalog of a fresh install
+
+CATALOG_QUERIES = {
+    "columns": """
+        SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod) AS type,
+               a.attnotnull, a.attidentity, a.attgenerated, pg_get_expr(d.adbin, d.adrelid) AS default
+          FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+          LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+         WHERE n.nspname = 'public' AND a.attnum > 0 AND NOT a.attisdropped
+           AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+         ORDER BY 1, 2""",
+    "relations": """
+        SELECT c.relname, c.relkind, c.relpersistence, c.reloptions, c.relispartition,
+               pg_get_partkeydef(c.oid) AS partition_key,
+               pg_get_expr(c.relpartbound, c.oid) AS partition_bound
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+         ORDER BY 1""",
+    "indexes": """
+        SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY 1""",
+    "constraints": """
+        SELECT conrelid::regclass::text AS relation, conname, pg_get_constraintdef(oid) AS definition
+          FROM pg_constraint WHERE connamespace = 'public'::regnamespace ORDER BY 1, 2""",
+    "functions": """
+        SELECT p.proname, pg_get_function_identity_arguments(p.oid) AS arguments, p.prokind,
+               CASE WHEN p.prokind = 'a' THEN NULL ELSE pg_get_functiondef(p.oid) END AS definition
+          FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace ORDER BY 1, 2""",
+    "aggregates": """
+        SELECT aggfnoid::regprocedure::text AS aggregate, aggtransfn::text, aggtranstype::regtype::text
+          FROM pg_aggregate a JOIN pg_proc p ON p.oid = a.aggfnoid
+         WHERE p.pronamespace = 'public'::regnamespace ORDER BY 1""",
+    "triggers": """
+        SELECT tgrelid::regclass::text AS relation, tgname, pg_get_triggerdef(t.oid) AS definition, tgenabled
+          FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+         WHERE c.relnamespace = 'public'::regnamespace AND NOT t.tgisinternal ORDER BY 1, 2""",
+    "event_triggers": """
+        SELECT evtname, evtevent, evtfoid::regproc::text, evtenabled, evttags FROM pg_event_trigger ORDER BY 1""",
+    "types": """
+        SELECT t.typname, t.typtype FROM pg_type t
+         WHERE t.typnamespace = 'public'::regnamespace AND t.typtype NOT IN ('c') ORDER BY 1""",
+    "schema_migrations": "SELECT name, kind, checksum FROM schema_migrations ORDER BY name",
+    "state_transitions": "SELECT * FROM state_transitions ORDER BY 1, 2, 3, 4",
+}
+
+
+def catalog(url: str) -> dict[str, list[tuple]]:
+    with connect(url, autocommit=True) as conn:
+        return {name: [tuple(row) for row in conn.execute(query).fetchall()]
+                for name, query in CATALOG_QUERIES.items()}
+
+
+def test_an_upgraded_database_has_the_catalog_of_a_fresh_install(upgraded: tuple[str, dict],
+                                                                 empty_db_url: str) -> None:
+    url, _ = upgraded
+    with connect(empty_db_url, autocommit=True) as conn:
+        migrate(conn)
+    fresh, after_upgrade = catalog(empty_db_url), catalog(url)
+    for part in CATALOG_QUERIES:
+        assert after_upgrade[part] == fresh[part], part
+    assert len(fresh["functions"]) > 10 and len(fresh["indexes"]) > 5 and len(fresh["triggers"]) >= 3
