@@ -44,6 +44,7 @@ from types import ModuleType
 from typing import Any, Literal, Mapping
 from urllib.parse import urlsplit, urlunsplit, quote
 
+import psutil
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -340,8 +341,6 @@ def _forget_dead_handles(ep: ModuleType, pgdata: Path) -> None:
 
 
 def _alive(pid: int) -> bool:
-    import psutil
-
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE  # a SIGKILLed process may linger unreaped
     except psutil.NoSuchProcess:
@@ -395,8 +394,6 @@ def _remove_stale_lock_files(pgdata: Path) -> bool:
 
 def _blocks_start(pid: int, pgdata: Path) -> bool:
     """True when ``pid`` looks alive to PostgreSQL (kill(pid, 0)) but is not a server of this data directory."""
-    import psutil
-
     try:
         process = psutil.Process(pid)
         if process.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import psycopg
 
 from qforge.db import EmbeddedPostgres, EmbeddedPostgresError, connect
@@ -110,8 +111,6 @@ def _port_free(host: str, port: int) -> bool:
 
 
 def _healthy(port: int) -> bool:
-    import httpx
-
     try:
         return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200
     except httpx.HTTPError:
