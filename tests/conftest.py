@@ -171,3 +171,13 @@ def conn(db_url: str) -> Iterator[psycopg.Connection]:
     """
     with connect(db_url, autocommit=True, row_factory=dict_row) as connection:
         yield connection
+
+
+ORACLE_SQL = Path(__file__).parent / "oracle_fold.sql"
+
+
+@pytest.fixture
+def oracle(conn: psycopg.Connection) -> psycopg.Connection:
+    """`conn`, with the row-by-row test oracle of the fold installed (tests/oracle_fold.sql)."""
+    conn.execute(sql.SQL(ORACLE_SQL.read_text()))  # type: ignore[arg-type]
+    return conn

@@ -14,7 +14,7 @@ from qforge.commands.errors import Conflict
 from qforge.commands.manage import cancel_job, recover_stale, retry_job
 from qforge.commands.report import Report, complete, fail, heartbeat
 from qforge.db import connect
-from tests.factories import claim_one, count, event_types, fail_once, job_row, make_job
+from tests.factories import append_raw, claim_one, count, event_types, fail_once, job_row, make_job
 
 
 @pytest.fixture
@@ -172,15 +172,14 @@ def test_events_refuse_update_and_delete(conn):
 def test_an_illegal_transition_is_refused_by_the_database(conn):
     job_id = make_job(conn)
     with pytest.raises(psycopg.errors.CheckViolation):
-        conn.execute(
-            "INSERT INTO events (stream_type, stream_id, version, type, data)"
-            " VALUES ('job', %s, 2, 'Succeeded', '{}')", (job_id,))
+        append_raw(conn, "job", job_id, 2, "Succeeded", {})
     assert job_row(conn, job_id)["status"] == "pending"
 
 
 def test_a_writer_with_a_stale_version_is_refused(conn):
     job_id = make_job(conn)
-    with pytest.raises(psycopg.errors.UniqueViolation):
-        conn.execute(
-            "INSERT INTO events (stream_type, stream_id, version, type, data)"
-            " VALUES ('job', %s, 1, 'Cancelled', '{}')", (job_id,))
+    claim_one(conn)  # version 2
+    with pytest.raises(psycopg.errors.UniqueViolation):  # a writer that read version 1
+        append_raw(conn, "job", job_id, 2, "Cancelled", {"reason": "stale"})
+    with pytest.raises(psycopg.errors.UniqueViolation):  # one that thinks the job is new
+        append_raw(conn, "job", job_id, 1, "Enqueued", {"task": "echo"})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -14,6 +13,7 @@ from qforge.api import dashboard_states
 from qforge.events import states
 from qforge.events import types as ev
 from qforge.events.ids import new_id
+from tests.factories import append_raw
 
 T0 = datetime(2031, 1, 1, tzinfo=timezone.utc)
 
@@ -92,11 +92,9 @@ WORKFLOW_PATHS = [[("WorkflowSubmitted", {}), ("WorkflowSucceeded", {})],
 
 
 def _insert(conn, stream_id: uuid.UUID, version: int, data: ev.EventData) -> None:
-    conn.execute(
-        "INSERT INTO events (stream_type, stream_id, version, type, schema_version, data, occurred_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-        (data.stream_type, stream_id, version, data.type, data.schema_version,
-         json.dumps(data.model_dump(mode="json", exclude_none=True)), T0))
+    append_raw(conn, data.stream_type, stream_id, version, data.type,
+               data.model_dump(mode="json", exclude_none=True), schema_version=data.schema_version,
+               occurred_at=T0)
 
 
 def test_the_fold_takes_every_transition_to_the_status_python_names(conn: psycopg.Connection) -> None:
@@ -123,8 +121,7 @@ def test_the_fold_refuses_an_unknown_event_type(conn: psycopg.Connection, stream
     stream_id = new_id()
     _insert(conn, stream_id, 1, first)
     with pytest.raises(psycopg.errors.CheckViolation):
-        conn.execute("INSERT INTO events (stream_type, stream_id, version, type, data)"
-                     " VALUES (%s, %s, 2, 'Teleported', '{}')", (stream_type, stream_id))
+        append_raw(conn, stream_type, stream_id, 2, "Teleported", {})
 
 
 def test_upcasters_lead_to_the_current_version_of_each_type() -> None:

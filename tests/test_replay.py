@@ -26,7 +26,7 @@ from qforge.projections import replay
 from qforge.projections.asof import job_as_of, workflow_as_of
 from qforge.projections.jobs import get_job
 from qforge.projections.workflows import get_workflow
-from tests.factories import claim_one, fail_once, job_row, make_job
+from tests.factories import append_raw, claim_one, fail_once, job_row, make_job
 
 ROOT = Path(__file__).resolve().parent.parent
 T0 = datetime(2031, 3, 1, tzinfo=timezone.utc)
@@ -97,7 +97,7 @@ def test_corrupted_missing_and_extra_rows_are_found_and_named(conn):
     conn.execute("UPDATE workflows SET status = 'failed' WHERE id = %s", (ids["workflow"],))
     conn.execute("DELETE FROM execution_tags WHERE id = %s", (corrupted,))
 
-    found = {(d.table, d.id, d.kind): d for d in replay.verify(conn, chunk_events=2)}
+    found = {(d.table, d.id, d.kind): d for d in replay.verify(conn, chunk_positions=2)}
     assert set(found) == {
         ("jobs", corrupted, "differs"), ("jobs", missing, "missing"), ("jobs", extra, "extra"),
         ("workflows", ids["workflow"], "differs"), ("execution_tags", corrupted, "missing"),
@@ -261,14 +261,11 @@ def test_v1_failed_event_is_read_back_as_v2_and_folded(conn):
     job = claim_one(conn, now=T0)
     row = job_row(conn, job_id)
     # What a writer of schema version 1 appended: {"attempt", "message"}.
-    conn.execute(
-        "INSERT INTO events (stream_type, stream_id, version, type, schema_version, data, occurred_at)"
-        " VALUES ('job', %(id)s, %(v)s, 'Failed', 1, %(failed)s, %(at)s),"
-        "        ('job', %(id)s, %(v)s + 1, 'Retried', 1, %(retried)s, %(at)s)",
-        {"id": job_id, "v": row["version"] + 1, "at": T0,
-         "failed": json.dumps({"attempt": job.attempt, "message": "disk full"}),
-         "retried": json.dumps({"attempt": job.attempt, "delay_seconds": 1,
-                                "run_at": (T0 + timedelta(seconds=1)).isoformat()})})
+    append_raw(conn, "job", job_id, row["version"] + 1, "Failed", {"attempt": job.attempt, "message": "disk full"},
+               occurred_at=T0)
+    append_raw(conn, "job", job_id, row["version"] + 2, "Retried",
+               {"attempt": job.attempt, "delay_seconds": 1, "run_at": (T0 + timedelta(seconds=1)).isoformat()},
+               occurred_at=T0)
     failed = [e for e in read_stream(conn, job_id) if e.type == ev.Failed.type]
     assert len(failed) == 1
     assert failed[0].schema_version == ev.Failed.schema_version == 2
@@ -295,22 +292,14 @@ def _next_or_none(machine, status, event_type, wanted):
         return None
 
 
-def test_state_next_in_the_database_agrees_with_the_python_table(conn):
-    conn.execute("""
-        CREATE FUNCTION pg_temp.try_next(m text, f text, e text, w text) RETURNS text
-        LANGUAGE plpgsql AS $$
-        BEGIN
-            RETURN state_next(m, f, e, w);
-        EXCEPTION WHEN check_violation THEN
-            RETURN NULL;
-        END $$""")
+def test_state_target_in_the_database_agrees_with_the_python_table(conn):
     cases = []
     for machine, table in states.MACHINES.items():
         statuses = sorted(states.statuses(machine))
         events = sorted(ev.JOB_EVENT_TYPES | ev.WORKFLOW_EVENT_TYPES | {"Bogus"})
         cases += itertools.product([machine], [None, ""] + statuses, events, [None, "bogus"] + statuses)
     rows = conn.execute(
-        "SELECT pg_temp.try_next(m, f, e, w) AS got"
+        "SELECT state_target(m, f, e, w) AS got"
         " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[])"
         "      WITH ORDINALITY AS c(m, f, e, w, n)"
         " ORDER BY n", [list(column) for column in zip(*cases)]).fetchall()
@@ -359,11 +348,14 @@ def test_cli_as_of_prints_counts_and_does_not_swap(conn, db_url):
     assert refused.returncode == 2 and "cannot be combined" in refused.stderr
 
 
-def test_progress_is_reported_chunk_by_chunk_up_to_the_whole_log(conn):
+def test_progress_is_reported_chunk_by_chunk(conn):
     for _ in range(5):
         make_job(conn, now=T0)
     seen: list[tuple[int, int]] = []
-    replay.rebuild(conn, as_of_position=2, chunk_events=1,
+    replay.rebuild(conn, chunk_positions=1, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(n, 5) for n in range(1, 6)]
+    seen.clear()
+    replay.rebuild(conn, as_of_position=2, chunk_positions=1,
                    progress=lambda done, total: seen.append((done, total)))
-    assert len(seen) > 2 and seen[-1] == (5, 5)
+    assert seen == [(1, 2), (2, 2)]
     assert [done for done, _ in seen] == sorted(done for done, _ in seen)

@@ -332,7 +332,7 @@ def test_randomized_workload_replays_to_exactly_the_live_projections(db_url, bac
             tasks: list[Callable[[], Any]] = [lambda c=c: c.round(clock) for c in claimers]
             tasks.append(lambda: operator.round(clock))
             if round_number in VERIFY_ROUNDS:
-                tasks.append(lambda: replay.verify(verifier_conn, chunk_events=2_000))
+                tasks.append(lambda: replay.verify(verifier_conn, chunk_positions=2_000))
             results = _run_together(tasks)
             if round_number in VERIFY_ROUNDS:
                 verified_while_running.append(results[-1])
@@ -362,8 +362,8 @@ def test_randomized_workload_replays_to_exactly_the_live_projections(db_url, bac
         assert {row["type"] for row in stored} == EVENT_TYPES
 
         assert verified_while_running == [[], []]
-        assert replay.verify(main, chunk_events=5_000) == []
-        built = replay.rebuild(main, chunk_events=5_000)
+        assert replay.verify(main, chunk_positions=5_000) == []
+        built = replay.rebuild(main, chunk_positions=5_000)
         with main.cursor() as cur:
             for table in ("jobs", "workflows", "execution_tags"):
                 cur.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table)))
@@ -374,7 +374,7 @@ def test_randomized_workload_replays_to_exactly_the_live_projections(db_url, bac
         # The past, folded from the log, is what the live tables showed then.
         assert [r.position for r in recorded] == sorted(r.position for r in recorded)
         for moment in recorded:
-            replay.rebuild(main, replay.SCRATCH_SCHEMA, moment.position, chunk_events=5_000)
+            replay.rebuild(main, replay.SCRATCH_SCHEMA, moment.position, chunk_positions=5_000)
             with main.cursor() as cur:
                 cur.execute("SELECT id, status FROM qforge_replay.jobs")
                 assert dict(cur.fetchall()) == moment.job_status

@@ -184,20 +184,34 @@ CATALOG_QUERIES = {
           JOIN pg_namespace n ON n.oid = c.relnamespace
           LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
          WHERE n.nspname = 'public' AND a.attnum > 0 AND NOT a.attisdropped
-           AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+           AND c.relkind IN ('r', 'p', 'v', 'm', 'f') AND NOT c.relispartition
          ORDER BY 1, 2""",
     "relations": """
         SELECT c.relname, c.relkind, c.relpersistence, c.reloptions, c.relispartition,
                pg_get_partkeydef(c.oid) AS partition_key,
                pg_get_expr(c.relpartbound, c.oid) AS partition_bound
           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+         WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f') AND NOT c.relispartition
          ORDER BY 1""",
+    # How many partitions the log has depends on how long it is; what each holds may not.
+    "partitions": """
+        SELECT DISTINCT
+               (SELECT array_agg(regexp_replace(pg_get_indexdef(i.indexrelid), 'events_[0-9]+', 'events_N', 'g')
+                                 ORDER BY 1) FROM pg_index i WHERE i.indrelid = c.oid) AS indexes,
+               (SELECT array_agg(t.tgname::text ORDER BY 1) FROM pg_trigger t WHERE t.tgrelid = c.oid) AS triggers,
+               (SELECT array_agg(pg_get_constraintdef(k.oid) ORDER BY 1) FROM pg_constraint k
+                 WHERE k.conrelid = c.oid) AS constraints
+          FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid
+         WHERE h.inhparent = 'events'::regclass""",
     "indexes": """
-        SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY 1""",
+        SELECT i.indexname, i.indexdef FROM pg_indexes i JOIN pg_class c ON c.relname = i.tablename
+         WHERE i.schemaname = 'public' AND NOT c.relispartition ORDER BY 1""",
     "constraints": """
         SELECT conrelid::regclass::text AS relation, conname, pg_get_constraintdef(oid) AS definition
-          FROM pg_constraint WHERE connamespace = 'public'::regnamespace ORDER BY 1, 2""",
+          FROM pg_constraint
+         WHERE connamespace = 'public'::regnamespace
+           AND conrelid NOT IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'events'::regclass)
+         ORDER BY 1, 2""",
     "functions": """
         SELECT p.proname, pg_get_function_identity_arguments(p.oid) AS arguments, p.prokind,
                CASE WHEN p.prokind = 'a' THEN NULL ELSE pg_get_functiondef(p.oid) END AS definition
@@ -209,12 +223,14 @@ CATALOG_QUERIES = {
     "triggers": """
         SELECT tgrelid::regclass::text AS relation, tgname, pg_get_triggerdef(t.oid) AS definition, tgenabled
           FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
-         WHERE c.relnamespace = 'public'::regnamespace AND NOT t.tgisinternal ORDER BY 1, 2""",
+         WHERE c.relnamespace = 'public'::regnamespace AND NOT t.tgisinternal AND NOT c.relispartition
+         ORDER BY 1, 2""",
     "event_triggers": """
         SELECT evtname, evtevent, evtfoid::regproc::text, evtenabled, evttags FROM pg_event_trigger ORDER BY 1""",
     "types": """
         SELECT t.typname, t.typtype FROM pg_type t
-         WHERE t.typnamespace = 'public'::regnamespace AND t.typtype NOT IN ('c') ORDER BY 1""",
+         WHERE t.typnamespace = 'public'::regnamespace AND t.typtype NOT IN ('c')
+           AND t.typname !~ '^_?events_[0-9]+$' ORDER BY 1""",
     "schema_migrations": "SELECT name, kind, checksum FROM schema_migrations ORDER BY name",
     "state_transitions": "SELECT * FROM state_transitions ORDER BY 1, 2, 3, 4",
 }

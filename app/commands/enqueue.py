@@ -22,12 +22,13 @@ class EnqueueResult:
     created: bool  # False: an existing job with the same idempotency_key
 
 
-def run_at_of(spec: JobSpec, now: datetime) -> datetime:
+def run_at_of(spec: JobSpec, now: datetime) -> datetime | None:
+    """When a job is due; None: as soon as it is enqueued."""
     if spec.run_at is not None:
         return spec.run_at
     if spec.delay_seconds:
         return now + timedelta(seconds=spec.delay_seconds)
-    return now
+    return None
 
 
 def enqueued_data(spec: JobSpec, now: datetime) -> Enqueued:
@@ -65,6 +66,7 @@ def enqueue(conn, specs: list[JobSpec], *, actor: str = "api",
 
 def job_row(job_id: uuid.UUID, data: Enqueued, tags: dict[str, str],
             workflow_id: uuid.UUID | None = None) -> dict[str, Any]:
-    """A row of job_enqueue's input."""
-    return {"id": str(job_id), "data": data.model_dump(mode="json", exclude_none=True), "tags": tags,
+    """A row of job_enqueue's input. Fields at their defaults are left out: most jobs are
+    {"task": ...} and nothing more (the defaults are part of the event's schema)."""
+    return {"id": str(job_id), "data": data.model_dump(mode="json", exclude_defaults=True), "tags": tags,
             "workflow_id": str(workflow_id) if workflow_id else None}

@@ -25,8 +25,7 @@ from qforge.sql import q
 def _step_data(step: StepSpec, handlers: dict[str, list[str]], now: datetime) -> ev.Enqueued:
     definition = step.definition()
     status = dag.initial_status(definition, handlers)
-    run_at = (wait_until(step.type, step.seconds, step.timeout_seconds, now)
-              if status == WAITING else now)
+    run_at = wait_until(step.type, step.seconds, step.timeout_seconds, now) if status == WAITING else None
     return ev.Enqueued(task=step.task or step.type, queue=step.queue, priority=step.priority,
                        max_retries=step.max_retries, run_at=run_at, payload=step.payload,
                        status=status, timeout_seconds=step.timeout_seconds, step=step.step,

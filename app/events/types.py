@@ -15,7 +15,7 @@ upcaster.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Callable, ClassVar, Literal
 from uuid import UUID
 
@@ -44,7 +44,7 @@ class Enqueued(EventData):
     queue: str = "default"
     priority: int = 0
     max_retries: int = 3
-    run_at: datetime
+    run_at: datetime | None = None  # None: due when it occurred
     payload: dict[str, Any] = Field(default_factory=dict)
     status: Literal["pending", "blocked", "waiting"] = "pending"
     timeout_seconds: float | None = None
@@ -80,14 +80,14 @@ class Claimed(EventData):
     type = "Claimed"
     stream_type = "job"
     attempt: int = Field(ge=1, description="the fencing token every later report of this attempt names")
-    worker: str
+    worker: str | None = None  # None: the event's actor, which is the worker
 
 
 class Heartbeat(EventData):
     type = "Heartbeat"
     stream_type = "job"
     attempt: int
-    worker: str
+    worker: str | None = None  # None: the event's actor
 
 
 class Succeeded(EventData):
@@ -212,6 +212,22 @@ def upcast(event_type: str, schema_version: int, data: dict[str, Any]) -> dict[s
     return data
 
 
+def expand(event_type: str, schema_version: int, data: dict[str, Any], actor: str,
+           occurred_at: datetime) -> dict[str, Any]:
+    """What readers see of a stored event's data: the current shape, with the fields its
+    writer left at their defaults written out (the twin of event_read_data in the database)."""
+    data = upcast(event_type, schema_version, data)
+    if event_type == Enqueued.type:
+        at = occurred_at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f+00:00")
+        return {"queue": "default", "priority": 0, "max_retries": 3, "payload": {}, "status": "pending",
+                "run_at": at, **data}
+    if event_type in (Claimed.type, Heartbeat.type):
+        return {"worker": actor, **data}
+    if event_type == Succeeded.type:
+        return {"result": None, **data}
+    return data
+
+
 def parse_data(event_type: str, schema_version: int, data: dict[str, Any]) -> EventData:
     """The typed data of a stored event (ValueError for an unknown type, ValidationError for a bad shape)."""
     model = EVENT_DATA.get(event_type)
@@ -237,13 +253,15 @@ class NewEvent(BaseModel):
         return self.data.type
 
     def row(self) -> dict[str, Any]:
-        """The row events_append takes (absent optional fields are not stored)."""
+        """The row events_append takes (absent optional fields are not stored; tags only on a
+        stream's first event)."""
         return {
             "stream_type": self.data.stream_type, "stream_id": str(self.stream_id),
             "version": self.version, "type": self.data.type,
             "schema_version": self.data.schema_version,
             "data": self.data.model_dump(mode="json", exclude_none=True),
-            "tags": self.tags, "workflow_id": str(self.workflow_id) if self.workflow_id else None,
+            "tags": self.tags if self.version == 1 else None,
+            "workflow_id": str(self.workflow_id) if self.workflow_id else None,
             "actor": self.actor,
         }
 

@@ -1,23 +1,58 @@
 -- name: events_append
 -- The generic append for commands that locked their streams and know their
--- versions; the (stream_id, version) key rejects a writer that did not.
-INSERT INTO events (stream_type, stream_id, version, type, schema_version, data, tags,
-                    workflow_id, occurred_at, actor)
-SELECT e.stream_type, e.stream_id, e.version, e.type, coalesce(e.schema_version, 1),
-       coalesce(e.data, '{}'), coalesce(e.tags, '{}'), e.workflow_id,
-       coalesce(%(now)s::timestamptz, now()), coalesce(e.actor, %(actor)s)
-  FROM jsonb_to_recordset(%(events)s::jsonb) AS e(stream_type text, stream_id uuid,
-       version integer, type text, schema_version smallint, data jsonb, tags jsonb,
-       workflow_id uuid, actor text)
+-- versions (cancel, retry, trigger, the DAG's decisions, timers). Each event's
+-- hash chains to the one before it in its stream: for the first event of a
+-- stream here, the head kept on the stream's row (a new stream starts empty).
+-- Positions follow the order of the input (a stream's events in version
+-- order, a workflow's own event after its steps').
+WITH input AS (
+    SELECT e.n, e.stream_type, e.stream_id, e.version, e.type, coalesce(e.schema_version, 1)::smallint AS schema_version,
+           coalesce(e.data, '{}') AS data, CASE WHEN e.version = 1 THEN nullif(e.tags, '{}') END AS tags,
+           e.workflow_id, coalesce(%(now)s::timestamptz, now()) AS at, coalesce(e.actor, %(actor)s) AS actor
+      FROM ROWS FROM (jsonb_to_recordset(%(events)s::jsonb) AS (stream_type text, stream_id uuid,
+           version integer, type text, schema_version smallint, data jsonb, tags jsonb,
+           workflow_id uuid, actor text))
+           WITH ORDINALITY AS e(stream_type, stream_id, version, type, schema_version, data, tags,
+                                workflow_id, actor, n)
+), headed AS (
+    SELECT i.*, CASE WHEN i.version > 1 THEN coalesce(j.chain, w.chain) END AS prev
+      FROM input i
+      LEFT JOIN jobs j ON i.stream_type = 'job' AND j.id = i.stream_id
+      LEFT JOIN workflows w ON i.stream_type = 'workflow' AND w.id = i.stream_id
+)
+INSERT INTO events (stream_type, stream_id, version, type, schema_version, data, tags, workflow_id,
+                    occurred_at, actor, hash)
+SELECT h.stream_type, h.stream_id, h.version, h.type, h.schema_version, h.data, h.tags, h.workflow_id,
+       h.at, h.actor,
+       event_chain(h.prev, event_canonical_v1(h.stream_type, h.stream_id, h.version, h.type,
+                                              h.schema_version, h.data, h.tags, h.workflow_id, h.at,
+                                              h.actor))
+           OVER (PARTITION BY h.stream_id ORDER BY h.version)
+  FROM headed h
+ ORDER BY h.n
 RETURNING position, stream_id, type
 
 -- name: events_of_stream
-SELECT u.* FROM events e, LATERAL event_upcast(e) u
+-- Readers get the current shape of every event (event_upcast_*) and its
+-- stream's tags (stored on a stream's first event only, kept on its row).
+SELECT e.position, e.xid, e.stream_type, e.stream_id, e.version, e.type,
+       event_upcast_version(e.type, e.schema_version) AS schema_version,
+       event_read_data(e.type, e.schema_version, e.data, e.actor, e.occurred_at) AS data,
+       coalesce(e.tags, j.tags, w.tags, '{}') AS tags, e.workflow_id, e.occurred_at, e.actor
+  FROM events e
+  LEFT JOIN jobs j ON e.stream_type = 'job' AND j.id = e.stream_id
+  LEFT JOIN workflows w ON e.stream_type = 'workflow' AND w.id = e.stream_id
  WHERE e.stream_id = %(stream_id)s
  ORDER BY e.version
 
 -- name: events_of_workflow
-SELECT u.* FROM events e, LATERAL event_upcast(e) u
+SELECT e.position, e.xid, e.stream_type, e.stream_id, e.version, e.type,
+       event_upcast_version(e.type, e.schema_version) AS schema_version,
+       event_read_data(e.type, e.schema_version, e.data, e.actor, e.occurred_at) AS data,
+       coalesce(e.tags, j.tags, w.tags, '{}') AS tags, e.workflow_id, e.occurred_at, e.actor
+  FROM events e
+  LEFT JOIN jobs j ON e.stream_type = 'job' AND j.id = e.stream_id
+  LEFT JOIN workflows w ON e.stream_type = 'workflow' AND w.id = e.stream_id
  WHERE e.workflow_id = %(workflow_id)s
  ORDER BY e.position
 
@@ -25,11 +60,19 @@ SELECT u.* FROM events e, LATERAL event_upcast(e) u
 -- The gapless read of the global log: only transactions that no running
 -- transaction can precede any more (xid below the snapshot's xmin) are
 -- visible, in (xid, position) order, so a late commit is never skipped.
-SELECT u.* FROM events e, LATERAL event_upcast(e) u
- WHERE (e.xid, e.position) > (%(after_xid)s::xid8, %(after_position)s::bigint)
-   AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
+SELECT e.position, e.xid, e.stream_type, e.stream_id, e.version, e.type,
+       event_upcast_version(e.type, e.schema_version) AS schema_version,
+       event_read_data(e.type, e.schema_version, e.data, e.actor, e.occurred_at) AS data,
+       coalesce(e.tags, j.tags, w.tags, '{}') AS tags, e.workflow_id, e.occurred_at, e.actor
+  FROM (SELECT * FROM events e
+         WHERE e.xid >= %(after_xid)s::xid8
+           AND (e.xid, e.position) > (%(after_xid)s::xid8, %(after_position)s::bigint)
+           AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
+         ORDER BY e.xid, e.position
+         LIMIT %(limit)s) e
+  LEFT JOIN jobs j ON e.stream_type = 'job' AND j.id = e.stream_id
+  LEFT JOIN workflows w ON e.stream_type = 'workflow' AND w.id = e.stream_id
  ORDER BY e.xid, e.position
- LIMIT %(limit)s
 
 -- name: events_tail_cursor
 -- Where "the live tail" starts: the last event that a gapless reader can see

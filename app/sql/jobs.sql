@@ -1,19 +1,30 @@
 -- name: job_enqueue
--- One Enqueued event per new job; events_project() creates the rows. A repeated
--- idempotency_key conflicts on events_idempotency and is dropped here (the
--- conflict check waits for a concurrent inserter, so two racing enqueues
--- produce one job).
-INSERT INTO events (stream_type, stream_id, version, type, data, tags, workflow_id,
-                    occurred_at, actor)
-SELECT 'job', j.id, 1, 'Enqueued', j.data, coalesce(j.tags, '{}'), j.workflow_id,
-       coalesce(%(now)s::timestamptz, now()), %(actor)s
-  FROM jsonb_to_recordset(%(jobs)s::jsonb) AS j(id uuid, data jsonb, tags jsonb, workflow_id uuid)
-ON CONFLICT (stream_type, (data ->> 'idempotency_key')) WHERE data ? 'idempotency_key'
-DO NOTHING
+-- One Enqueued event per new job; events_project() creates the rows. A key
+-- goes into idempotency_keys first: a repeated key conflicts there and its job
+-- is not appended (ON CONFLICT waits for a concurrent inserter, so two racing
+-- enqueues with one key make one job). A stream's first event carries its
+-- tags; its hash starts the stream's chain.
+WITH input AS (
+    SELECT j.id, j.data, nullif(j.tags, '{}') AS tags, j.workflow_id,
+           coalesce(%(now)s::timestamptz, now()) AS at
+      FROM jsonb_to_recordset(%(jobs)s::jsonb) AS j(id uuid, data jsonb, tags jsonb, workflow_id uuid)
+), keyed AS (
+    INSERT INTO idempotency_keys (stream_type, key, stream_id)
+    SELECT 'job', i.data ->> 'idempotency_key', i.id FROM input i WHERE i.data ? 'idempotency_key'
+    ON CONFLICT DO NOTHING
+    RETURNING stream_id
+)
+INSERT INTO events (stream_type, stream_id, version, type, data, tags, workflow_id, occurred_at, actor,
+                    hash)
+SELECT 'job', i.id, 1, 'Enqueued', i.data, i.tags, i.workflow_id, i.at, %(actor)s,
+       event_hash(NULL, 'job', i.id, 1, 'Enqueued', 1::smallint, i.data, i.tags, i.workflow_id, i.at,
+                  %(actor)s)
+  FROM input i
+ WHERE NOT i.data ? 'idempotency_key' OR i.id IN (SELECT stream_id FROM keyed)
 RETURNING stream_id
 
 -- name: job_ids_by_idempotency_key
-SELECT id, idempotency_key FROM jobs WHERE idempotency_key = ANY(%(keys)s::text[])
+SELECT stream_id, key FROM idempotency_keys WHERE stream_type = 'job' AND key = ANY(%(keys)s::text[])
 
 -- name: job_claim
 -- The claim is one statement. `picked` locks up to `limit` claimable rows per
@@ -21,14 +32,15 @@ SELECT id, idempotency_key FROM jobs WHERE idempotency_key = ANY(%(keys)s::text[
 -- own order (priority DESC, run_at, id), so concurrent claimers skip each
 -- other's rows instead of waiting; the CTE is an optimisation fence that keeps
 -- the LIMIT inside the index scan. The Claimed events are inserted in the same
--- statement, and events_project() folds them into the rows (status running,
--- attempts + 1) before it ends. Time is a parameter so tests control the clock.
+-- statement (chained to each job's last hash, which the row lock holds still),
+-- and events_project() folds them into the rows (status running, attempts + 1)
+-- before it ends. Time is a parameter so tests control the clock.
 WITH picked AS (
     SELECT c.*
       FROM unnest(%(queues)s::text[]) AS q(queue)
      CROSS JOIN LATERAL (
             SELECT j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
-                   j.task, j.queue, j.payload, j.timeout_seconds, j.step
+                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain
               FROM jobs j
              WHERE j.status = 'pending' AND j.queue = q.queue
                AND j.run_at <= coalesce(%(now)s::timestamptz, now())
@@ -38,12 +50,13 @@ WITH picked AS (
      ORDER BY c.priority DESC, c.run_at, c.id
      LIMIT %(limit)s
 ), claimed AS (
-    INSERT INTO events (stream_type, stream_id, version, type, data, tags, workflow_id,
-                        occurred_at, actor)
-    SELECT 'job', p.id, p.version + 1, 'Claimed',
-           jsonb_build_object('attempt', p.attempts + 1, 'worker', %(worker)s::text),
-           p.tags, p.workflow_id, coalesce(%(now)s::timestamptz, now()), %(worker)s
+    INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
+    SELECT 'job', p.id, p.version + 1, 'Claimed', x.data, p.workflow_id, x.at, %(worker)s,
+           event_hash(p.chain, 'job', p.id, p.version + 1, 'Claimed', 1::smallint, x.data, NULL,
+                      p.workflow_id, x.at, %(worker)s)
       FROM picked p
+     CROSS JOIN LATERAL (SELECT jsonb_build_object('attempt', p.attempts + 1) AS data,
+                                coalesce(%(now)s::timestamptz, now()) AS at) x
     RETURNING stream_id
 )
 SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_seconds,
@@ -56,38 +69,42 @@ SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_se
 WITH report AS (
     SELECT * FROM jsonb_to_recordset(%(reports)s::jsonb) AS r(id uuid, attempt integer)
 ), target AS (
-    SELECT j.id, j.version, j.tags, j.workflow_id, j.attempts
+    SELECT j.id, j.version, j.workflow_id, j.chain, jsonb_build_object('attempt', j.attempts) AS data,
+           coalesce(%(now)s::timestamptz, now()) AS at
       FROM jobs j JOIN report r ON r.id = j.id AND r.attempt = j.attempts
      WHERE state_allows('job', j.status, 'Heartbeat')
      ORDER BY j.id
        FOR UPDATE OF j
 )
-INSERT INTO events (stream_type, stream_id, version, type, data, tags, workflow_id,
-                    occurred_at, actor)
-SELECT 'job', t.id, t.version + 1, 'Heartbeat',
-       jsonb_build_object('attempt', t.attempts, 'worker', %(actor)s::text),
-       t.tags, t.workflow_id, coalesce(%(now)s::timestamptz, now()), %(actor)s
+INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
+SELECT 'job', t.id, t.version + 1, 'Heartbeat', t.data, t.workflow_id, t.at, %(actor)s,
+       event_hash(t.chain, 'job', t.id, t.version + 1, 'Heartbeat', 1::smallint, t.data, NULL,
+                  t.workflow_id, t.at, %(actor)s)
   FROM target t
 RETURNING stream_id AS id
 
 -- name: job_complete
 -- Fenced batch completion: a report for a superseded attempt, or for a job
--- that is no longer running, matches no row and changes nothing.
+-- that is no longer running, matches no row and changes nothing. A result of
+-- null is not written (the fold reads its absence as null).
 WITH report AS (
     SELECT * FROM jsonb_to_recordset(%(reports)s::jsonb) AS r(id uuid, attempt integer,
                                                                result jsonb)
 ), target AS (
-    SELECT j.id, j.version, j.tags, j.workflow_id, j.attempts, r.result
+    SELECT j.id, j.version, j.workflow_id, j.chain,
+           jsonb_build_object('attempt', j.attempts)
+           || CASE WHEN r.result IS NULL OR r.result = 'null' THEN '{}'::jsonb
+                   ELSE jsonb_build_object('result', r.result) END AS data,
+           coalesce(%(now)s::timestamptz, now()) AS at
       FROM jobs j JOIN report r ON r.id = j.id AND r.attempt = j.attempts
      WHERE j.attempts > 0 AND state_allows('job', j.status, 'Succeeded')
      ORDER BY j.id
        FOR UPDATE OF j
 )
-INSERT INTO events (stream_type, stream_id, version, type, data, tags, workflow_id,
-                    occurred_at, actor)
-SELECT 'job', t.id, t.version + 1, 'Succeeded',
-       jsonb_build_object('attempt', t.attempts, 'result', t.result),
-       t.tags, t.workflow_id, coalesce(%(now)s::timestamptz, now()), %(actor)s
+INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
+SELECT 'job', t.id, t.version + 1, 'Succeeded', t.data, t.workflow_id, t.at, %(actor)s,
+       event_hash(t.chain, 'job', t.id, t.version + 1, 'Succeeded', 1::smallint, t.data, NULL,
+                  t.workflow_id, t.at, %(actor)s)
   FROM target t
 RETURNING stream_id AS id, workflow_id
 
@@ -95,40 +112,50 @@ RETURNING stream_id AS id, workflow_id
 -- Fenced batch failure. Each failed attempt appends Failed and, in the same
 -- statement, Retried (backoff min(base*2^(n-1), cap) plus jitter, n counting
 -- only attempts that use the budget) or DeadLettered once n > max_retries.
--- This is the one place where a worker's job becomes dead.
+-- This is the one place where a worker's job becomes dead. The second event's
+-- hash chains to the first's.
 WITH report AS (
     SELECT * FROM jsonb_to_recordset(%(reports)s::jsonb) AS r(id uuid, attempt integer,
                                                                reason text, error text,
                                                                result jsonb)
 ), target AS (
-    SELECT j.id, j.version, j.tags, j.workflow_id, j.attempts, r.reason, r.error, r.result,
+    SELECT j.id, j.version, j.workflow_id, j.chain, j.attempts,
            j.attempts - j.free_attempts > j.max_retries AS exhausted,
            job_backoff_seconds(j.attempts - j.free_attempts, %(base)s, %(cap)s,
-                               random() * %(jitter)s) AS delay
+                               random() * %(jitter)s) AS delay,
+           jsonb_build_object('attempt', j.attempts, 'reason', coalesce(r.reason, 'error'),
+                              'error', r.error)
+           || CASE WHEN r.result IS NULL THEN '{}'::jsonb
+                   ELSE jsonb_build_object('result', r.result) END AS failed,
+           coalesce(%(now)s::timestamptz, now()) AS at
       FROM jobs j JOIN report r ON r.id = j.id AND r.attempt = j.attempts
      WHERE j.attempts > 0 AND state_allows('job', j.status, 'Failed')
      ORDER BY j.id
        FOR UPDATE OF j
+), outcome AS (
+    SELECT t.*,
+           CASE WHEN t.exhausted THEN 'DeadLettered' ELSE 'Retried' END AS then_type,
+           CASE WHEN t.exhausted
+                THEN jsonb_build_object('attempt', t.attempts, 'error', t.failed ->> 'error')
+                ELSE jsonb_build_object('attempt', t.attempts, 'delay_seconds', t.delay,
+                                        'run_at', t.at + make_interval(secs => t.delay))
+           END AS then_data,
+           event_hash(t.chain, 'job', t.id, t.version + 1, 'Failed', 2::smallint, t.failed, NULL,
+                      t.workflow_id, t.at, %(actor)s) AS failed_hash
+      FROM target t
 )
-INSERT INTO events (stream_type, stream_id, version, type, schema_version, data, tags,
-                    workflow_id, occurred_at, actor)
-SELECT 'job', t.id, t.version + x.n, x.type, x.schema_version, x.data, t.tags,
-       t.workflow_id, coalesce(%(now)s::timestamptz, now()), %(actor)s
-  FROM target t
+INSERT INTO events (stream_type, stream_id, version, type, schema_version, data, workflow_id,
+                    occurred_at, actor, hash)
+SELECT 'job', o.id, o.version + x.n, x.type, x.schema_version, x.data, o.workflow_id, o.at, %(actor)s,
+       x.hash
+  FROM outcome o
  CROSS JOIN LATERAL (VALUES
-        (1, 'Failed', 2,
-         jsonb_build_object('attempt', t.attempts, 'reason', coalesce(t.reason, 'error'),
-                            'error', t.error)
-         || CASE WHEN t.result IS NULL THEN '{}'::jsonb
-                 ELSE jsonb_build_object('result', t.result) END),
-        (2, CASE WHEN t.exhausted THEN 'DeadLettered' ELSE 'Retried' END, 1,
-         CASE WHEN t.exhausted
-              THEN jsonb_build_object('attempt', t.attempts, 'error', t.error)
-              ELSE jsonb_build_object('attempt', t.attempts, 'delay_seconds', t.delay,
-                                      'run_at', coalesce(%(now)s::timestamptz, now())
-                                                + make_interval(secs => t.delay))
-         END)
-       ) AS x(n, type, schema_version, data)
+        (1, 'Failed', 2::smallint, o.failed, o.failed_hash),
+        (2, o.then_type, 1::smallint, o.then_data,
+         event_hash(o.failed_hash, 'job', o.id, o.version + 2, o.then_type, 1::smallint, o.then_data,
+                    NULL, o.workflow_id, o.at, %(actor)s))
+       ) AS x(n, type, schema_version, data, hash)
+ ORDER BY o.id, x.n
 RETURNING stream_id AS id, type, workflow_id, (data ->> 'run_at')::timestamptz AS retry_at
 
 -- name: job_lock

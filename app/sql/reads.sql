@@ -73,15 +73,39 @@ SELECT w.id, w.name, w.status, w.tags, w.error, w.created_at, w.updated_at, w.fi
   FROM workflows w WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: queues_stats
--- Counts by queue and status, and the age of the oldest job that is due and
--- waiting for a worker. A scan of jobs: there is deliberately no (queue, status)
--- index, because the planner would pick it for the claim (see 0002).
-SELECT j.queue, j.status, count(*) AS n,
-       extract(epoch FROM (now() - min(j.run_at) FILTER (WHERE j.run_at <= now())))::float8
-           AS oldest_due_seconds
-  FROM jobs j
- GROUP BY j.queue, j.status
- ORDER BY j.queue, j.status
+-- Counts by queue and status from the counter projection (queue_counts plus
+-- the deltas the monitor has not folded in yet: one consistent snapshot of
+-- both is exact), not a scan of jobs. The oldest due pending job of a queue
+-- is the first entry of each priority in the claim index (a loose index scan:
+-- a probe per distinct priority, whatever the backlog).
+WITH counts AS (
+    SELECT queue, status, sum(n)::bigint AS n
+      FROM (SELECT queue, status, n FROM queue_counts
+            UNION ALL
+            SELECT queue, status, n FROM queue_count_deltas) c
+     GROUP BY queue, status
+    HAVING sum(n) <> 0
+)
+SELECT c.queue, c.status, c.n,
+       CASE WHEN c.status = 'pending' THEN (
+           WITH RECURSIVE priorities AS (
+               (SELECT j.priority FROM jobs j WHERE j.status = 'pending' AND j.queue = c.queue
+                 ORDER BY j.priority DESC LIMIT 1)
+               UNION ALL
+               SELECT (SELECT j.priority FROM jobs j
+                        WHERE j.status = 'pending' AND j.queue = c.queue AND j.priority < p.priority
+                        ORDER BY j.priority DESC LIMIT 1)
+                 FROM priorities p WHERE p.priority IS NOT NULL
+           )
+           SELECT extract(epoch FROM (now() - min(first.run_at)))::float8
+             FROM priorities p
+            CROSS JOIN LATERAL (SELECT j.run_at FROM jobs j
+                                 WHERE j.status = 'pending' AND j.queue = c.queue AND j.priority = p.priority
+                                 ORDER BY j.priority DESC, j.run_at LIMIT 1) first
+            WHERE p.priority IS NOT NULL AND first.run_at <= now())
+       END AS oldest_due_seconds
+  FROM counts c
+ ORDER BY c.queue, c.status
 
 -- name: events_counts_after
 -- What happened in the log since a gapless cursor, for the metrics counters:

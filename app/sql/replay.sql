@@ -1,63 +1,52 @@
--- Replay: every projection rebuilt from the log with the fold functions of the
--- live path (migrations/0002: job_fold/workflow_fold are the aggregates of
--- job_apply/workflow_apply, which events_project() applies on every insert).
---
--- The fold queries read one chunk of streams, [lo, hi) by stream id (hi NULL:
--- to the end), or the streams in ids (NULL: all), up to log position as_of
--- (NULL: all). They are run with prepare=False so that each is planned with
--- its parameters and the unused conditions fold away. Queries with {names}
--- are templates: psycopg.sql fills in the identifiers (app/projections/replay.py).
-
--- name: replay_jobs
--- The fold runs in a subquery, once per stream: (job_fold(...)).* would run it
--- once per column.
-SELECT (f.folded).*
-  FROM (SELECT job_fold(event_upcast(e) ORDER BY e.version) AS folded
-          FROM events e
-         WHERE e.stream_type = 'job'
-           AND e.stream_id >= %(lo)s AND (%(hi)s::uuid IS NULL OR e.stream_id < %(hi)s)
-           AND (%(ids)s::uuid[] IS NULL OR e.stream_id = ANY(%(ids)s::uuid[]))
-           AND (%(as_of)s::bigint IS NULL OR e.position <= %(as_of)s)
-         GROUP BY e.stream_id) f
-
--- name: replay_workflows
-SELECT (f.folded).*
-  FROM (SELECT workflow_fold(event_upcast(e) ORDER BY e.version) AS folded
-          FROM events e
-         WHERE e.stream_type = 'workflow'
-           AND e.stream_id >= %(lo)s AND (%(hi)s::uuid IS NULL OR e.stream_id < %(hi)s)
-           AND (%(ids)s::uuid[] IS NULL OR e.stream_id = ANY(%(ids)s::uuid[]))
-           AND (%(as_of)s::bigint IS NULL OR e.position <= %(as_of)s)
-         GROUP BY e.stream_id) f
-
--- name: replay_execution_tags
--- Tags are fixed at creation: the first event of each stream carries them
--- (the rule of the INSERT INTO execution_tags in events_project()).
-SELECT t.key, t.value, e.stream_type AS kind, e.stream_id AS id
-  FROM events e, LATERAL jsonb_each_text(e.tags) t
- WHERE e.version = 1 AND e.tags <> '{}'
-   AND e.stream_id >= %(lo)s AND (%(hi)s::uuid IS NULL OR e.stream_id < %(hi)s)
-   AND (%(ids)s::uuid[] IS NULL OR e.stream_id = ANY(%(ids)s::uuid[]))
-   AND (%(as_of)s::bigint IS NULL OR e.position <= %(as_of)s)
-
--- name: replay_chunk_end
--- Where the chunk starting at lo ends: the stream about `size` events further
--- in stream id order (a walk of the (stream_id, version) index). Chunks end
--- on stream boundaries, so every stream is folded whole; NULL: the last chunk.
-SELECT stream_id FROM events
- WHERE stream_id > %(lo)s
- ORDER BY stream_id
-OFFSET %(size)s
- LIMIT 1
+-- Replay: every projection rebuilt from the log by the fold of the live path
+-- (events_fold, migrations/definitions/30_fold.sql), applied to the log in
+-- position order with the scratch tables first on the search path. Queries
+-- with {names} are templates: psycopg.sql fills in the identifiers
+-- (qforge/projections/replay/).
 
 -- name: replay_log_extent
--- How many events a replay up to as_of folds and the position it stops at;
--- and how many the chunks walk through (all of them: streams go on past as_of).
-SELECT count(*) FILTER (WHERE %(as_of)s::bigint IS NULL OR position <= %(as_of)s) AS events,
-       coalesce(max(position) FILTER (WHERE %(as_of)s::bigint IS NULL OR position <= %(as_of)s),
-                0) AS last_position,
-       count(*) AS scanned
+-- The positions a replay up to as_of walks through, and how many events.
+SELECT coalesce(min(position), 1) AS first_position, coalesce(max(position), 0) AS last_position,
+       count(*) AS events
   FROM events
+ WHERE %(as_of)s::bigint IS NULL OR position <= %(as_of)s
+
+-- name: replay_search_path
+-- The fold writes to the tables it finds first: the scratch ones.
+SELECT set_config('search_path', %(path)s, true)
+
+-- name: replay_chunk_create
+-- One chunk of the log at a time, each event with its rank in its stream
+-- within the chunk: the fold takes rank 1 of every stream at once, then rank
+-- 2, ... (each a set with one event per stream), so a stream with many events
+-- costs one small statement per event instead of a pass over the chunk.
+CREATE TEMP TABLE IF NOT EXISTS replay_chunk (rk integer NOT NULL, e events NOT NULL) ON COMMIT DROP;
+CREATE INDEX IF NOT EXISTS replay_chunk_rk ON pg_temp.replay_chunk (rk)
+
+-- name: replay_chunk_clear
+TRUNCATE pg_temp.replay_chunk
+
+-- name: replay_chunk_load
+-- The events of [lo, hi) (up to as_of), or of the streams in ids (NULL: all).
+WITH loaded AS (
+    INSERT INTO pg_temp.replay_chunk (rk, e)
+    SELECT row_number() OVER (PARTITION BY e.stream_id ORDER BY e.version), e
+      FROM events e
+     WHERE e.position >= %(lo)s AND e.position < %(hi)s
+       AND (%(as_of)s::bigint IS NULL OR e.position <= %(as_of)s)
+       AND (%(ids)s::uuid[] IS NULL OR e.stream_id = ANY(%(ids)s::uuid[]))
+    RETURNING rk
+)
+SELECT count(*) AS events, coalesce(max(rk), 0) AS ranks FROM loaded
+
+-- name: replay_chunk_fold
+SELECT events_fold(array_agg(c.e ORDER BY (c.e).position)) FROM pg_temp.replay_chunk c WHERE c.rk = %(rk)s
+
+-- name: replay_stream_events
+-- How many events the streams in ids have (up to as_of): a swap or an as-of
+-- read folds just those streams.
+SELECT count(*) AS events FROM events
+ WHERE stream_id = ANY(%(ids)s::uuid[]) AND (%(as_of)s::bigint IS NULL OR position <= %(as_of)s)
 
 -- name: replay_position_at_time
 -- "As of time T" is the longest prefix of the log in which every event
@@ -70,11 +59,6 @@ SELECT coalesce((SELECT min(position) - 1 FROM events WHERE occurred_at > %(at)s
 -- name: replay_repeatable_read
 -- The first statement of a rebuild: every chunk reads the same snapshot.
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ
-
--- name: replay_read_only_snapshot
--- The first statement of a verify: one snapshot for the folds and the live
--- rows, and a promise to write nothing.
-SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY
 
 -- name: replay_lock_scratch
 -- One rebuild or swap at a time: they share the scratch schema. A rebuild
@@ -137,9 +121,13 @@ CREATE SCHEMA {schema}
 
 -- name: replay_scratch_table
 -- Unlogged: a scratch copy is rebuilt from the log, never recovered from WAL.
--- Without indexes while it is loaded; the primary key comes afterwards
--- (replay_scratch_key), the live table's other indexes are not needed here.
-CREATE UNLOGGED TABLE {target} (LIKE {source} INCLUDING ALL EXCLUDING INDEXES)
+-- Only the primary key (the fold finds rows by it); fillfactor leaves room on
+-- each page for the next versions of its rows, so the fold's updates are HOT.
+CREATE UNLOGGED TABLE {target} (LIKE {source} INCLUDING DEFAULTS) WITH (fillfactor = 70)
+
+-- name: replay_temp_table
+-- The same, for one transaction's own use (verify, as-of reads).
+CREATE TEMP TABLE {target} (LIKE {source} INCLUDING DEFAULTS) ON COMMIT DROP
 
 -- name: replay_scratch_key
 ALTER TABLE {target} ADD PRIMARY KEY ({keys})
@@ -171,27 +159,8 @@ SELECT snapshot::text AS snapshot, as_of, last_position, events, built_at FROM {
 UPDATE {meta} SET snapshot = pg_current_snapshot(),
                   last_position = (SELECT coalesce(max(position), 0) FROM events)
 
--- name: replay_insert
--- One chunk of folded rows into a scratch table.
-WITH written AS (INSERT INTO {target} {fold} RETURNING 1)
-SELECT count(*) AS n FROM written
-
 -- name: replay_forget
 DELETE FROM {target} WHERE id = ANY(%(ids)s::uuid[])
-
--- name: replay_compare
--- verify: one chunk of a live projection against its rebuild, a full outer
--- join on the primary key, every column compared with IS DISTINCT FROM.
-WITH rebuilt AS ({fold}),
-     live AS (SELECT * FROM {live} t
-               WHERE t.id >= %(lo)s AND (%(hi)s::uuid IS NULL OR t.id < %(hi)s))
-SELECT {key} AS key, d.columns, l.id IS NULL AS missing, r.id IS NULL AS extra,
-       to_jsonb(l) AS live_row, to_jsonb(r) AS rebuilt_row
-  FROM live l
-  FULL JOIN rebuilt r ON {join}
- CROSS JOIN LATERAL (SELECT {differing} AS columns) d
- WHERE l.id IS NULL OR r.id IS NULL OR cardinality(d.columns) > 0
- ORDER BY 1
 
 -- name: replay_candidates_reset
 -- The ids whose live rows the swap must look at under its locks.
@@ -233,29 +202,43 @@ SELECT {scratch_columns}
 -- name: replay_status_counts
 SELECT status, count(*) AS n FROM {target} GROUP BY status ORDER BY status
 
--- name: job_as_of
--- A job as it was once the log reached `position`: the fold of its events up
--- to there (the aggregate of no events is NULL: the job did not exist yet).
-SELECT (f.folded).*
-  FROM (SELECT job_fold(event_upcast(e) ORDER BY e.version) AS folded
-          FROM events e
-         WHERE e.stream_id = %(id)s AND e.stream_type = 'job'
-           AND e.position <= %(position)s) f
- WHERE (f.folded).id IS NOT NULL
 
--- name: workflow_as_of
-SELECT (f.folded).*
-  FROM (SELECT workflow_fold(event_upcast(e) ORDER BY e.version) AS folded
-          FROM events e
-         WHERE e.stream_id = %(id)s AND e.stream_type = 'workflow'
-           AND e.position <= %(position)s) f
- WHERE (f.folded).id IS NOT NULL
+-- name: replay_row_count
+SELECT count(*) AS n FROM {target}
 
--- name: workflow_steps_as_of
--- The steps' job streams carry workflow_id: one range of events_workflow.
-SELECT (f.folded).*
-  FROM (SELECT job_fold(event_upcast(e) ORDER BY e.version) AS folded
-          FROM events e
-         WHERE e.workflow_id = %(id)s AND e.stream_type = 'job'
-           AND e.position <= %(position)s
-         GROUP BY e.stream_id) f
+-- name: replay_compare
+-- verify: a live projection against its rebuild, a full outer join on the
+-- primary key, every column compared with IS DISTINCT FROM.
+SELECT {key} AS key, d.columns, l.id IS NULL AS missing, r.id IS NULL AS extra,
+       to_jsonb(l) AS live_row, to_jsonb(r) AS rebuilt_row
+  FROM {live} l
+  FULL JOIN {rebuilt} r ON {join}
+ CROSS JOIN LATERAL (SELECT {differing} AS columns) d
+ WHERE l.id IS NULL OR r.id IS NULL OR cardinality(d.columns) > 0
+ ORDER BY 1
+
+-- name: replay_compare_counts
+-- verify: the counter projection (queue_counts plus its pending deltas) against
+-- a full count of the live jobs, by queue and status.
+SELECT coalesce(c.queue, j.queue) AS queue, coalesce(c.status, j.status) AS status,
+       coalesce(c.n, 0) AS counted, coalesce(j.n, 0) AS actual
+  FROM (SELECT queue, status, sum(n)::bigint AS n
+          FROM (SELECT queue, status, n FROM {counts} UNION ALL SELECT queue, status, n FROM {deltas}) x
+         GROUP BY queue, status HAVING sum(n) <> 0) c
+  FULL JOIN (SELECT queue, status, count(*) AS n FROM {jobs} GROUP BY queue, status) j
+         ON j.queue = c.queue AND j.status = c.status
+ WHERE coalesce(c.n, 0) <> coalesce(j.n, 0)
+ ORDER BY 1, 2
+
+-- name: replay_workflow_streams
+-- A workflow's own stream and its steps' job streams (events_workflow index).
+SELECT DISTINCT stream_id FROM events WHERE workflow_id = %(id)s AND position <= %(position)s
+
+-- name: asof_job
+SELECT * FROM pg_temp.jobs WHERE id = %(id)s
+
+-- name: asof_workflow
+SELECT * FROM pg_temp.workflows WHERE id = %(id)s
+
+-- name: asof_workflow_steps
+SELECT * FROM pg_temp.jobs WHERE workflow_id = %(id)s ORDER BY created_at, step

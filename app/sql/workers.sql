@@ -43,17 +43,18 @@ SELECT name, host, pid, queues, concurrency, running, last_seen, started_at
 WITH report AS (
     SELECT * FROM jsonb_to_recordset(%(reports)s::jsonb) AS r(id uuid, attempt integer)
 ), target AS (
-    SELECT j.id, j.version, j.tags, j.workflow_id, j.attempts
+    SELECT j.id, j.version, j.workflow_id, j.chain,
+           jsonb_build_object('attempt', j.attempts, 'reason', %(reason)s::text) AS data,
+           coalesce(%(now)s::timestamptz, now()) AS at
       FROM jobs j JOIN report r ON r.id = j.id AND r.attempt = j.attempts
      WHERE state_allows('job', j.status, 'Released')
      ORDER BY j.id
        FOR UPDATE OF j
 )
-INSERT INTO events (stream_type, stream_id, version, type, data, tags, workflow_id,
-                    occurred_at, actor)
-SELECT 'job', t.id, t.version + 1, 'Released',
-       jsonb_build_object('attempt', t.attempts, 'reason', %(reason)s::text),
-       t.tags, t.workflow_id, coalesce(%(now)s::timestamptz, now()), %(actor)s
+INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
+SELECT 'job', t.id, t.version + 1, 'Released', t.data, t.workflow_id, t.at, %(actor)s,
+       event_hash(t.chain, 'job', t.id, t.version + 1, 'Released', 1::smallint, t.data, NULL,
+                  t.workflow_id, t.at, %(actor)s)
   FROM target t
 RETURNING stream_id AS id
 
@@ -61,3 +62,11 @@ RETURNING stream_id AS id
 -- Monitor leadership: a session advisory lock, held until the leader's
 -- connection ends (so a dead leader frees it without anyone's help).
 SELECT pg_try_advisory_lock(%(key)s)
+
+-- name: counters_compact
+-- Fold the counters' deltas into queue_counts (rows, see definitions/35_counters.sql).
+SELECT queue_counts_compact() AS rows
+
+-- name: log_maintain
+-- Keep empty partitions ahead of the appends (definitions/50_log_partitions.sql).
+SELECT log_maintain() AS made

@@ -6,18 +6,29 @@
 SELECT id, status, version FROM workflows WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR UPDATE
 
 -- name: workflow_submit
--- The WorkflowSubmitted event; a repeated idempotency_key is dropped (see
--- events_idempotency) and the caller returns the existing workflow.
-INSERT INTO events (stream_type, stream_id, version, type, data, tags, workflow_id,
-                    occurred_at, actor)
-VALUES ('workflow', %(id)s, 1, 'WorkflowSubmitted', %(data)s::jsonb, %(tags)s::jsonb, %(id)s,
-        coalesce(%(now)s::timestamptz, now()), %(actor)s)
-ON CONFLICT (stream_type, (data ->> 'idempotency_key')) WHERE data ? 'idempotency_key'
-DO NOTHING
+-- The WorkflowSubmitted event; a repeated idempotency_key conflicts in
+-- idempotency_keys (see job_enqueue), nothing is appended and the caller
+-- returns the existing workflow.
+WITH input AS (
+    SELECT %(id)s::uuid AS id, %(data)s::jsonb AS data, nullif(%(tags)s::jsonb, '{}') AS tags,
+           coalesce(%(now)s::timestamptz, now()) AS at
+), keyed AS (
+    INSERT INTO idempotency_keys (stream_type, key, stream_id)
+    SELECT 'workflow', i.data ->> 'idempotency_key', i.id FROM input i WHERE i.data ? 'idempotency_key'
+    ON CONFLICT DO NOTHING
+    RETURNING stream_id
+)
+INSERT INTO events (stream_type, stream_id, version, type, data, tags, workflow_id, occurred_at, actor,
+                    hash)
+SELECT 'workflow', i.id, 1, 'WorkflowSubmitted', i.data, i.tags, i.id, i.at, %(actor)s,
+       event_hash(NULL, 'workflow', i.id, 1, 'WorkflowSubmitted', 1::smallint, i.data, i.tags, i.id, i.at,
+                  %(actor)s)
+  FROM input i
+ WHERE NOT i.data ? 'idempotency_key' OR i.id IN (SELECT stream_id FROM keyed)
 RETURNING stream_id
 
 -- name: workflow_by_idempotency_key
-SELECT id FROM workflows WHERE idempotency_key = %(key)s
+SELECT stream_id FROM idempotency_keys WHERE stream_type = 'workflow' AND key = %(key)s
 
 -- name: workflow_by_external_id
 SELECT id FROM workflows WHERE external_id = %(external_id)s

@@ -100,6 +100,11 @@ class Monitor:
     def tick(self, conn: psycopg.Connection) -> None:
         """One round of the leader's duties."""
         stale = self.settings.stale_seconds
+        with conn.cursor(row_factory=tuple_row) as cur:
+            made = cur.execute(q("log_maintain")).fetchone()[0]
+            if made:
+                log.info("created %d log partition(s) ahead of the appends", made)
+            cur.execute(q("counters_compact"))
         fired = sum(_drain_counts(lambda: fire_timers(conn, limit=BATCH_LIMIT, actor=self.actor)))
         if fired:
             log.info("fired %d timers (sleep steps ended, trigger waits timed out)", fired)

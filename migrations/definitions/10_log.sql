@@ -1,7 +1,9 @@
--- The log's own rules: append-only for every role, wake-ups for readers, and
--- the upcasters that turn old event shapes into the current ones on read.
+-- The log's own rules: append-only for every role, wake-ups for readers, the
+-- hash of an event, and the upcasters that turn old shapes into current ones.
 
 -- Append-only, enforced by the database for every role, superusers included.
+-- The row triggers on the partitioned table reach every partition; TRUNCATE
+-- triggers are per table, so log_guard_partition() adds one to each partition.
 CREATE OR REPLACE FUNCTION events_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'events is append-only: % is not allowed', TG_OP
@@ -9,9 +11,18 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE TRIGGER events_no_update_delete BEFORE UPDATE OR DELETE ON events
-    FOR EACH STATEMENT EXECUTE FUNCTION events_refuse_change();
+    FOR EACH ROW EXECUTE FUNCTION events_refuse_change();
 CREATE OR REPLACE TRIGGER events_no_truncate BEFORE TRUNCATE ON events
     FOR EACH STATEMENT EXECUTE FUNCTION events_refuse_change();
+
+CREATE OR REPLACE FUNCTION log_guard_partition(partition regclass) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('CREATE OR REPLACE TRIGGER events_no_truncate BEFORE TRUNCATE ON %s'
+                   ' FOR EACH STATEMENT EXECUTE FUNCTION events_refuse_change()', partition);
+END $$;
+
+SELECT log_guard_partition(inhrelid::regclass) FROM pg_inherits WHERE inhparent = 'events'::regclass;
 
 -- LISTEN/NOTIFY only wakes readers; they always re-read the log.
 CREATE OR REPLACE FUNCTION events_notify() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -23,19 +34,52 @@ END $$;
 CREATE OR REPLACE TRIGGER events_wake AFTER INSERT ON events
     FOR EACH STATEMENT EXECUTE FUNCTION events_notify();
 
--- Event schema evolution: old shapes are turned into the current one on read.
--- Failed v1 carried {"attempt","message"}; v2 names why: {"attempt","reason","error"}.
-CREATE OR REPLACE FUNCTION event_upcast_failed_v1(e events) RETURNS events LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    e.data := (e.data - 'message')
-        || jsonb_build_object('reason', coalesce(e.data ->> 'reason', 'error'),
-                              'error', coalesce(e.data ->> 'error', e.data ->> 'message'));
-    e.schema_version := 2;
-    RETURN e;
-END $$;
+-- An event's hash: SHA-256 of the previous hash of its stream (empty for the
+-- first event) and its canonical encoding (event_canonical_v1, migration 0006).
+-- Appends compute it in the statement that writes the event, from the head of
+-- the chain kept on the stream's row, which that statement has locked.
+CREATE OR REPLACE FUNCTION event_hash(prev bytea, stream_type text, stream_id uuid, version integer,
+                                      type text, schema_version smallint, data jsonb, tags jsonb,
+                                      workflow_id uuid, occurred_at timestamptz, actor text)
+RETURNS bytea LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT sha256(coalesce(prev, ''::bytea)
+                  || event_canonical_v1(stream_type, stream_id, version, type, schema_version, data,
+                                        tags, workflow_id, occurred_at, actor))
+$$;
 
--- A plain SQL CASE, inlined by the planner: current events cost nothing.
-CREATE OR REPLACE FUNCTION event_upcast(e events) RETURNS events LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN e.schema_version = 1 AND e.type = 'Failed'
-                THEN event_upcast_failed_v1(e) ELSE e END
+-- Event schema evolution: old shapes are turned into the current one on read
+-- (the Python twins are qforge.events.types.UPCASTERS; a test keeps them equal).
+-- Failed v1 carried {"attempt","message"}; v2 names why: {"attempt","reason","error"}.
+CREATE OR REPLACE FUNCTION event_upcast_data(type text, schema_version smallint, data jsonb)
+RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN schema_version = 1 AND type = 'Failed'
+                THEN (data - 'message') || jsonb_build_object(
+                         'reason', coalesce(data ->> 'reason', 'error'),
+                         'error', coalesce(data ->> 'error', data ->> 'message'))
+                ELSE data END
+$$;
+
+CREATE OR REPLACE FUNCTION event_upcast_version(type text, schema_version smallint)
+RETURNS smallint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN schema_version = 1 AND type = 'Failed' THEN 2::smallint ELSE schema_version END
+$$;
+
+-- What readers see: the current shape (upcast) with every field the writer
+-- left at its default written out, as the API has always shown events. Stored
+-- events stay compact (and hashed as stored); qforge.events.types.expand is
+-- the Python twin, and a test keeps them equal.
+CREATE OR REPLACE FUNCTION event_read_data(type text, schema_version smallint, data jsonb, actor text,
+                                           occurred_at timestamptz)
+RETURNS jsonb LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE type
+        WHEN 'Enqueued' THEN jsonb_build_object(
+                 'queue', 'default', 'priority', 0, 'max_retries', 3, 'payload', '{}'::jsonb,
+                 'status', 'pending',
+                 'run_at', to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'))
+             || event_upcast_data(type, schema_version, data)
+        WHEN 'Claimed' THEN jsonb_build_object('worker', actor) || event_upcast_data(type, schema_version, data)
+        WHEN 'Heartbeat' THEN jsonb_build_object('worker', actor) || event_upcast_data(type, schema_version, data)
+        WHEN 'Succeeded' THEN jsonb_build_object('result', NULL) || event_upcast_data(type, schema_version, data)
+        ELSE event_upcast_data(type, schema_version, data)
+    END
 $$;

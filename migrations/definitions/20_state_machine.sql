@@ -1,24 +1,24 @@
 -- Lookups in the state machine. The table itself is app/events/states.py,
 -- installed as the IMMUTABLE constant state_machine() (a generated definition
--- applied before this file), so a lookup is a jsonb probe, not a query.
+-- applied before this file), so a lookup is a jsonb probe, not a query. Both
+-- functions are plain SQL expressions, inlined into the statements that call
+-- them.
 
--- The fold's check: the status an event leads to; raises on an illegal transition.
-CREATE OR REPLACE FUNCTION state_next(p_machine text, p_from text, p_event text, p_wanted text)
-RETURNS text LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    targets jsonb := state_machine() -> p_machine -> (coalesce(p_from, '') || '/' || p_event);
-BEGIN
-    IF targets IS NOT NULL THEN
-        IF p_wanted IS NULL AND jsonb_array_length(targets) = 1 THEN
-            RETURN targets ->> 0;
-        ELSIF p_wanted IS NOT NULL AND targets ? p_wanted THEN
-            RETURN p_wanted;
-        END IF;
-    END IF;
-    RAISE EXCEPTION 'illegal % transition: % on status "%" (wanted %)',
-        p_machine, p_event, coalesce(p_from, ''), coalesce(p_wanted, '-')
-        USING ERRCODE = 'check_violation';
-END $$;
+-- The status an event leads to from status p_from (NULL: a new stream), or
+-- NULL when the table has no such transition. p_wanted is the status the
+-- event names when the table leaves the choice to it (Enqueued, StepUnblocked).
+CREATE OR REPLACE FUNCTION state_target(p_machine text, p_from text, p_event text, p_wanted text)
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN p_wanted IS NULL
+            THEN CASE WHEN jsonb_array_length(state_machine() -> p_machine
+                                              -> (coalesce(p_from, '') || '/' || p_event)) = 1
+                      THEN state_machine() -> p_machine -> (coalesce(p_from, '') || '/' || p_event) ->> 0
+                 END
+        WHEN state_machine() -> p_machine -> (coalesce(p_from, '') || '/' || p_event) ? p_wanted
+            THEN p_wanted
+    END
+$$;
 
 -- Guards used by the command statements: may an event of this type happen now?
 -- A NULL status is a stream that does not exist yet, as in Python's allows().
@@ -26,3 +26,16 @@ CREATE OR REPLACE FUNCTION state_allows(p_machine text, p_from text, p_event tex
 RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT coalesce(state_machine() -> p_machine ? (coalesce(p_from, '') || '/' || p_event), false)
 $$;
+
+-- The fold's answer to an event the table does not allow: fail the statement
+-- that appended it. Declared IMMUTABLE so that the expressions calling it stay
+-- inlinable; it is only reached on the error path, never constant-folded (its
+-- arguments are columns).
+CREATE OR REPLACE FUNCTION state_refuse(p_machine text, p_from text, p_event text, p_wanted text,
+                                        p_stream uuid)
+RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RAISE EXCEPTION 'illegal % transition: % on status "%" (wanted %) in stream %',
+        p_machine, p_event, coalesce(p_from, ''), coalesce(p_wanted, '-'), p_stream
+        USING ERRCODE = 'check_violation';
+END $$;

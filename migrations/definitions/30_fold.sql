@@ -1,219 +1,171 @@
--- The projection: the fold of the log into jobs, workflows and execution_tags.
+-- The projection: how a set of events changes the read model (jobs, workflows,
+-- execution_tags). events_fold() is the one definition, used by the live path
+-- (the events_project trigger, on every insert) and by replay (qforge replay
+-- calls it on the log, chunk by chunk, with the scratch tables first on the
+-- search path), so the two cannot drift.
+--
+-- It is set-based: one INSERT creates every new stream of the set, then one
+-- UPDATE per round applies, to every stream at once, the event whose version
+-- follows the row's (`e.version = row.version + 1`). A set with one event per
+-- stream (a claim, a batch of completions) is one round; a failure (Failed then
+-- Retried) two. Each column's rule is written once, below, per event type.
+-- Every event must apply: one that does not follow its stream's version (a
+-- concurrent writer appended the same version first, or the stream does not
+-- exist) fails the statement that appended it, as does a transition the state
+-- machine does not allow.
 
--- The job fold: apply(state, event) -> state. No I/O but the state-machine lookup.
-CREATE OR REPLACE FUNCTION job_apply(s jobs, e events) RETURNS jobs LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    d jsonb := e.data;
-BEGIN
-    IF s.id IS NOT NULL AND s.id <> e.stream_id THEN
-        RAISE EXCEPTION 'event % of stream % applied to job %', e.position, e.stream_id, s.id;
-    END IF;
-    s.status := state_next('job', s.status, e.type, d ->> 'status');
-    s.version := e.version;
-    s.updated_at := e.occurred_at;
-    CASE e.type
-    WHEN 'Enqueued' THEN
-        s.id := e.stream_id;
-        s.task := d ->> 'task';
-        s.queue := d ->> 'queue';
-        s.priority := (d ->> 'priority')::integer;
-        s.attempts := 0;
-        s.free_attempts := 0;
-        s.max_retries := (d ->> 'max_retries')::integer;
-        s.run_at := (d ->> 'run_at')::timestamptz;
-        s.timeout_seconds := (d ->> 'timeout_seconds')::double precision;
-        s.payload := coalesce(d -> 'payload', '{}');
-        s.tags := e.tags;
-        s.idempotency_key := d ->> 'idempotency_key';
-        s.workflow_id := e.workflow_id;
-        s.step := d ->> 'step';
-        s.step_type := d ->> 'step_type';
-        s.depends_on := d -> 'depends_on';
-        s.condition := d -> 'when';
-        s.on_failure := d ->> 'on_failure';
-        s.sleep_seconds := (d ->> 'seconds')::double precision;
-        s.created_at := e.occurred_at;
-        IF s.status = 'waiting' THEN
-            s.started_at := e.occurred_at;
-        END IF;
-    WHEN 'StepUnblocked' THEN
-        s.payload := s.payload || jsonb_build_object('inputs', coalesce(d -> 'inputs', '{}'));
-        IF d ? 'failed_step' THEN  -- a failure handler also gets the error itself
-            s.payload := s.payload || jsonb_build_object('failed_step', d -> 'failed_step',
-                                                         'error', d -> 'error');
-        END IF;
-        s.run_at := coalesce((d ->> 'run_at')::timestamptz, e.occurred_at);
-        IF s.status = 'waiting' THEN
-            s.started_at := e.occurred_at;
-        END IF;
-    WHEN 'Claimed' THEN
-        s.attempts := (d ->> 'attempt')::integer;
-        s.worker := d ->> 'worker';
-        s.heartbeat_at := e.occurred_at;
-        s.started_at := e.occurred_at;
-    WHEN 'Heartbeat' THEN
-        s.heartbeat_at := e.occurred_at;
-    WHEN 'Succeeded' THEN
-        s.result := d -> 'result';
-        s.finished_at := e.occurred_at;
-    WHEN 'Triggered' THEN
-        s.result := coalesce(d -> 'payload', '{}');
-        s.finished_at := e.occurred_at;
-    WHEN 'Failed' THEN
-        s.last_error := d ->> 'error';
-        IF d ? 'result' THEN
-            s.result := d -> 'result';
-        END IF;
-    WHEN 'Retried' THEN
-        s.run_at := (d ->> 'run_at')::timestamptz;
-        s.finished_at := NULL;
-        IF coalesce((d ->> 'manual')::boolean, false) THEN
-            s.free_attempts := s.attempts;
-        END IF;
-    WHEN 'Released' THEN
-        s.free_attempts := s.free_attempts + 1;
-        s.run_at := e.occurred_at;
-    WHEN 'DeadLettered', 'Cancelled', 'Skipped' THEN
-        s.finished_at := e.occurred_at;
-        IF d ? 'error' THEN
-            s.last_error := d ->> 'error';
-        END IF;
-    ELSE
-        RAISE EXCEPTION 'the job fold has no rule for event type %', e.type USING ERRCODE = 'check_violation';
-    END CASE;
-    RETURN s;
-END $$;
-
-CREATE OR REPLACE FUNCTION job_apply_all(s jobs, evs events[]) RETURNS jobs LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    e events;
-BEGIN
-    FOREACH e IN ARRAY evs LOOP
-        s := job_apply(s, e);
-    END LOOP;
-    RETURN s;
-END $$;
-
-CREATE OR REPLACE FUNCTION workflow_apply(s workflows, e events) RETURNS workflows LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    d jsonb := e.data;
-BEGIN
-    s.status := state_next('workflow', s.status, e.type, NULL);
-    s.version := e.version;
-    s.updated_at := e.occurred_at;
-    CASE e.type
-    WHEN 'WorkflowSubmitted' THEN
-        s.id := e.stream_id;
-        s.name := d ->> 'name';
-        s.tags := e.tags;
-        s.idempotency_key := d ->> 'idempotency_key';
-        s.external_id := d ->> 'external_id';
-        s.definition := d -> 'steps';
-        s.created_at := e.occurred_at;
-    WHEN 'WorkflowSucceeded', 'WorkflowFailed', 'WorkflowCancelled' THEN
-        s.error := d ->> 'error';
-        s.finished_at := e.occurred_at;
-    ELSE
-        RAISE EXCEPTION 'the workflow fold has no rule for event type %', e.type USING ERRCODE = 'check_violation';
-    END CASE;
-    RETURN s;
-END $$;
-
-CREATE OR REPLACE FUNCTION workflow_apply_all(s workflows, evs events[]) RETURNS workflows
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    e events;
-BEGIN
-    FOREACH e IN ARRAY evs LOOP
-        s := workflow_apply(s, e);
-    END LOOP;
-    RETURN s;
-END $$;
-
--- Folds for replay and as-of reads: the same apply functions as the live path.
-CREATE OR REPLACE AGGREGATE job_fold(events) (SFUNC = job_apply, STYPE = jobs);
-CREATE OR REPLACE AGGREGATE workflow_fold(events) (SFUNC = workflow_apply, STYPE = workflows);
-
--- The live projection: every INSERT INTO events folds the new events of each
--- stream into its row, in the inserting statement, so the read model can never
--- lag or drift from the log.
--- The batches it folds are always small next to the jobs table, so every join
--- to jobs must be an index lookup per new event. The planner cannot see that: a
--- transition table is estimated at a fixed size and a fresh or fast-growing
--- jobs table has no statistics yet, and it picked a hash join over a seq scan
--- of jobs (O(table) per statement) for the UPDATE. Hash and merge joins are
--- therefore off inside this function.
-CREATE OR REPLACE FUNCTION events_project() RETURNS trigger LANGUAGE plpgsql
+CREATE OR REPLACE FUNCTION events_fold(evs events[]) RETURNS void LANGUAGE plpgsql
+-- The sets folded here are small next to the tables they update: every join
+-- must be an index lookup per event. The planner cannot know the size of an
+-- unnested array, and once picked a hash join over a scan of jobs.
 SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+DECLARE
+    expected_jobs bigint;
+    expected_workflows bigint;
+    applied bigint;
+    done bigint;
 BEGIN
-    WITH streams AS (
-        SELECT e.stream_id, min(e.version) AS first_version,
-               array_agg(event_upcast(e) ORDER BY e.version) AS evs
-          FROM new_events e
-         WHERE e.stream_type = 'job'
-         GROUP BY e.stream_id
-    ), created AS (
-        INSERT INTO jobs
-        SELECT n.* FROM streams st, LATERAL job_apply_all(NULL::jobs, st.evs) n
-         WHERE st.first_version = 1
-    )
-    UPDATE jobs j
-       SET (version, task, queue, status, priority, attempts, free_attempts, max_retries,
-            run_at, timeout_seconds, payload, result, last_error, tags, idempotency_key,
-            workflow_id, step, step_type, depends_on, condition, on_failure, sleep_seconds,
-            worker, heartbeat_at, started_at, finished_at, created_at, updated_at)
-         = (SELECT n.version, n.task, n.queue, n.status, n.priority, n.attempts,
-                   n.free_attempts, n.max_retries, n.run_at, n.timeout_seconds, n.payload,
-                   n.result, n.last_error, n.tags, n.idempotency_key, n.workflow_id, n.step,
-                   n.step_type, n.depends_on, n.condition, n.on_failure, n.sleep_seconds,
-                   n.worker, n.heartbeat_at, n.started_at, n.finished_at, n.created_at,
-                   n.updated_at
-              FROM job_apply_all(j, st.evs) n)
-      FROM streams st
-     WHERE j.id = st.stream_id AND st.first_version > 1;
+    SELECT count(*) FILTER (WHERE e.stream_type = 'job' AND e.version > 1),
+           count(*) FILTER (WHERE e.stream_type = 'workflow' AND e.version > 1)
+      INTO expected_jobs, expected_workflows
+      FROM unnest(evs) e;
 
-    WITH streams AS (
-        SELECT e.stream_id, min(e.version) AS first_version,
-               array_agg(event_upcast(e) ORDER BY e.version) AS evs
-          FROM new_events e
-         WHERE e.stream_type = 'workflow'
-         GROUP BY e.stream_id
-    ), created AS (
-        INSERT INTO workflows
-        SELECT n.* FROM streams st, LATERAL workflow_apply_all(NULL::workflows, st.evs) n
-         WHERE st.first_version = 1
-    )
-    UPDATE workflows w
-       SET (version, name, status, tags, idempotency_key, external_id, definition, error,
-            created_at, updated_at, finished_at)
-         = (SELECT n.version, n.name, n.status, n.tags, n.idempotency_key, n.external_id,
-                   n.definition, n.error, n.created_at, n.updated_at, n.finished_at
-              FROM workflow_apply_all(w, st.evs) n)
-      FROM streams st
-     WHERE w.id = st.stream_id AND st.first_version > 1;
+    -- New jobs: an Enqueued event creates the row.
+    INSERT INTO jobs (id, version, task, queue, status, priority, attempts, free_attempts, max_retries,
+                      run_at, timeout_seconds, payload, result, last_error, tags, idempotency_key,
+                      workflow_id, step, step_type, depends_on, condition, on_failure, sleep_seconds,
+                      worker, heartbeat_at, started_at, finished_at, created_at, updated_at,
+                      last_position, chain)
+    SELECT e.stream_id, e.version, d ->> 'task', coalesce(d ->> 'queue', 'default'), s.status,
+           coalesce((d ->> 'priority')::integer, 0), 0, 0, coalesce((d ->> 'max_retries')::integer, 3),
+           coalesce((d ->> 'run_at')::timestamptz, e.occurred_at), (d ->> 'timeout_seconds')::float8,
+           coalesce(d -> 'payload', '{}'), NULL, NULL, coalesce(e.tags, '{}'), d ->> 'idempotency_key',
+           e.workflow_id, d ->> 'step', d ->> 'step_type', d -> 'depends_on', d -> 'when',
+           d ->> 'on_failure', (d ->> 'seconds')::float8,
+           NULL, NULL, CASE WHEN s.status = 'waiting' THEN e.occurred_at END, NULL,
+           e.occurred_at, e.occurred_at, e.position, e.hash
+      FROM unnest(evs) e
+     CROSS JOIN LATERAL (SELECT event_upcast_data(e.type, e.schema_version, e.data) AS d) u
+     CROSS JOIN LATERAL (SELECT coalesce(
+                state_target('job', NULL, e.type, coalesce(d ->> 'status', 'pending')),
+                state_refuse('job', NULL, e.type, d ->> 'status', e.stream_id)) AS status) s
+     WHERE e.stream_type = 'job' AND e.version = 1;
 
-    -- Wake idle workers of the queues that just got claimable work. A new job
-    -- names its queue in the event; the others need one primary-key probe
-    -- each (LATERAL ... LIMIT 1: a plain join let the planner loop over every
-    -- pending job for each event, seconds per 1,000-job enqueue).
-    PERFORM pg_notify('qforge_jobs', x.queue)
-       FROM (SELECT e.data ->> 'queue' AS queue
-               FROM new_events e
-              WHERE e.type = 'Enqueued' AND e.data ->> 'status' = 'pending'
-             UNION
-             SELECT j.queue
-               FROM new_events e
-              CROSS JOIN LATERAL (SELECT jobs.queue, jobs.status FROM jobs
-                                   WHERE jobs.id = e.stream_id LIMIT 1) j
-              WHERE e.type IN ('StepUnblocked', 'Retried', 'Released')
-                AND j.status = 'pending') x;
+    applied := 0;
+    WHILE applied < expected_jobs LOOP
+        UPDATE jobs j SET
+            version = e.version,
+            updated_at = e.occurred_at,
+            last_position = e.position,
+            chain = e.hash,
+            status = coalesce(state_target('job', j.status, e.type, e.d ->> 'status'),
+                              state_refuse('job', j.status, e.type, e.d ->> 'status', e.stream_id)),
+            -- every claim bumps attempts: the fencing token of later reports
+            attempts = CASE WHEN e.type = 'Claimed' THEN (e.d ->> 'attempt')::integer ELSE j.attempts END,
+            -- attempts that do not count against max_retries: handed back by a
+            -- stopping worker, or spent before an operator's retry
+            free_attempts = CASE
+                WHEN e.type = 'Released' THEN j.free_attempts + 1
+                WHEN e.type = 'Retried' AND coalesce((e.d ->> 'manual')::boolean, false) THEN j.attempts
+                ELSE j.free_attempts END,
+            run_at = CASE e.type
+                WHEN 'StepUnblocked' THEN coalesce((e.d ->> 'run_at')::timestamptz, e.occurred_at)
+                WHEN 'Retried' THEN (e.d ->> 'run_at')::timestamptz
+                WHEN 'Released' THEN e.occurred_at
+                ELSE j.run_at END,
+            -- an unblocked step receives its dependencies' outputs; a failure
+            -- handler also the error of the step it handles
+            payload = CASE WHEN e.type = 'StepUnblocked'
+                THEN j.payload || jsonb_build_object('inputs', coalesce(e.d -> 'inputs', '{}'))
+                     || CASE WHEN e.d ? 'failed_step'
+                             THEN jsonb_build_object('failed_step', e.d -> 'failed_step', 'error', e.d -> 'error')
+                             ELSE '{}'::jsonb END
+                ELSE j.payload END,
+            result = CASE e.type
+                WHEN 'Succeeded' THEN coalesce(e.d -> 'result', 'null'::jsonb)
+                WHEN 'Triggered' THEN coalesce(e.d -> 'payload', '{}'::jsonb)
+                WHEN 'Failed' THEN coalesce(e.d -> 'result', j.result)
+                ELSE j.result END,
+            last_error = CASE
+                WHEN e.type = 'Failed' THEN e.d ->> 'error'
+                WHEN e.type IN ('DeadLettered', 'Cancelled', 'Skipped') AND e.d ? 'error' THEN e.d ->> 'error'
+                ELSE j.last_error END,
+            worker = CASE WHEN e.type = 'Claimed' THEN coalesce(e.d ->> 'worker', e.actor) ELSE j.worker END,
+            heartbeat_at = CASE WHEN e.type IN ('Claimed', 'Heartbeat') THEN e.occurred_at
+                                ELSE j.heartbeat_at END,
+            -- a wait step's start is when the wait began
+            started_at = CASE
+                WHEN e.type = 'Claimed' THEN e.occurred_at
+                WHEN e.type = 'StepUnblocked' AND e.d ->> 'status' = 'waiting' THEN e.occurred_at
+                ELSE j.started_at END,
+            finished_at = CASE
+                WHEN e.type IN ('Succeeded', 'Triggered', 'DeadLettered', 'Cancelled', 'Skipped')
+                    THEN e.occurred_at
+                WHEN e.type = 'Retried' THEN NULL
+                ELSE j.finished_at END
+          FROM (SELECT x.*, event_upcast_data(x.type, x.schema_version, x.data) AS d
+                  FROM unnest(evs) x
+                 WHERE x.stream_type = 'job' AND x.version > 1) e
+         WHERE j.id = e.stream_id AND e.version = j.version + 1;
+        GET DIAGNOSTICS done = ROW_COUNT;
+        EXIT WHEN done = 0;
+        applied := applied + done;
+    END LOOP;
+    IF applied <> expected_jobs THEN
+        RAISE EXCEPTION 'job events out of order: % of % did not follow their stream''s version'
+                        ' (a concurrent append of the same version, or an unknown stream)',
+                        expected_jobs - applied, expected_jobs USING ERRCODE = 'unique_violation';
+    END IF;
 
+    -- New workflows, then the later events of workflows.
+    INSERT INTO workflows (id, version, name, status, tags, idempotency_key, external_id, definition,
+                           error, created_at, updated_at, finished_at, last_position, chain)
+    SELECT e.stream_id, e.version, e.data ->> 'name',
+           coalesce(state_target('workflow', NULL, e.type, NULL),
+                    state_refuse('workflow', NULL, e.type, NULL, e.stream_id)),
+           coalesce(e.tags, '{}'), e.data ->> 'idempotency_key', e.data ->> 'external_id',
+           e.data -> 'steps', NULL, e.occurred_at, e.occurred_at, NULL, e.position, e.hash
+      FROM unnest(evs) e
+     WHERE e.stream_type = 'workflow' AND e.version = 1;
+
+    applied := 0;
+    WHILE applied < expected_workflows LOOP
+        UPDATE workflows w SET
+            version = e.version,
+            updated_at = e.occurred_at,
+            last_position = e.position,
+            chain = e.hash,
+            status = coalesce(state_target('workflow', w.status, e.type, NULL),
+                              state_refuse('workflow', w.status, e.type, NULL, e.stream_id)),
+            error = CASE WHEN e.type IN ('WorkflowSucceeded', 'WorkflowFailed', 'WorkflowCancelled')
+                         THEN e.data ->> 'error' ELSE w.error END,
+            finished_at = CASE WHEN e.type IN ('WorkflowSucceeded', 'WorkflowFailed', 'WorkflowCancelled')
+                               THEN e.occurred_at ELSE w.finished_at END
+          FROM unnest(evs) e
+         WHERE e.stream_type = 'workflow' AND e.version > 1
+           AND w.id = e.stream_id AND e.version = w.version + 1;
+        GET DIAGNOSTICS done = ROW_COUNT;
+        EXIT WHEN done = 0;
+        applied := applied + done;
+    END LOOP;
+    IF applied <> expected_workflows THEN
+        RAISE EXCEPTION 'workflow events out of order: % of % did not follow their stream''s version',
+                        expected_workflows - applied, expected_workflows USING ERRCODE = 'unique_violation';
+    END IF;
+
+    -- Tags never change after creation, so tag search is an insert-only table.
     INSERT INTO execution_tags (key, value, kind, id)
     SELECT t.key, t.value, e.stream_type, e.stream_id
-      FROM new_events e, LATERAL jsonb_each_text(e.tags) t
-     WHERE e.version = 1 AND e.tags <> '{}'
+      FROM unnest(evs) e, LATERAL jsonb_each_text(e.tags) t
+     WHERE e.version = 1 AND e.tags IS NOT NULL AND e.tags <> '{}'
     ON CONFLICT DO NOTHING;
+END $$;
 
+-- The live projection: every INSERT INTO events folds its events in the
+-- inserting statement, so the read model can never lag or drift from the log.
+CREATE OR REPLACE FUNCTION events_project() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM events_fold(ARRAY(SELECT ROW(n.*)::events FROM new_events n));
     RETURN NULL;
 END $$;
 

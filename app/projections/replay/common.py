@@ -1,10 +1,17 @@
-"""What rebuild, verify and swap share: the projections they fold, scratch names, SQL templates."""
+"""What rebuild, verify, swap and as-of reads share: the projections, scratch tables, and the fold of the log into them.
+
+The fold is the live path's own (events_fold, migrations/definitions/30_fold.sql):
+the log is read in position order, a chunk at a time, and each chunk is folded
+rank by rank (every stream's first event in the chunk, then every second
+one, ...), with the scratch tables first on the search path. Replay equals live
+by construction; verify proves it on a real database.
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 from uuid import UUID
 
 from psycopg import sql
@@ -15,30 +22,29 @@ from qforge.sql import q
 SCRATCH_SCHEMA = "qforge_replay"
 META_TABLE = "replay_meta"
 CANDIDATES_TABLE = "replay_candidates"
-# Events per chunk: big enough that per-statement costs vanish, small enough
-# for steady progress reports and modest memory per fold.
-CHUNK_EVENTS = 50_000
+# Positions per chunk: big enough that per-statement costs vanish, small enough
+# for steady progress reports and modest memory per chunk.
+CHUNK_POSITIONS = 50_000
 # Fixed key of the advisory lock that keeps rebuilds and swaps out of each
-# other's way ("QForge" in ASCII, then 0004; app/migrate.py uses ...0001).
+# other's way ("QForge" in ASCII, then 0004; qforge.migrate uses ...0001).
 REPLAY_LOCK_KEY = 0x5146_6F72_6765_0004
 NIL_ID = UUID(int=0)
 
 
 @dataclass(frozen=True)
 class Projection:
-    """A projection table and the query that folds the log into its rows."""
+    """A table of the read model that the fold writes and replay compares and swaps."""
 
     table: str
-    fold: str
     # Compared in one statement rather than chunk by chunk: a table whose
     # primary key does not start with id would be scanned whole per chunk.
     verify_whole: bool = False
 
 
 PROJECTIONS = (
-    Projection("workflows", "replay_workflows"),
-    Projection("jobs", "replay_jobs"),
-    Projection("execution_tags", "replay_execution_tags", verify_whole=True),
+    Projection("workflows"),
+    Projection("jobs"),
+    Projection("execution_tags", verify_whole=True),
 )
 
 Progress = Callable[[int, int], None]  # (events read so far, events in the log)
@@ -48,17 +54,21 @@ class ReplayError(Exception):
     """A replay that cannot go on (no rebuild to swap, a rebuild of the past, locks not taken)."""
 
 
-
 def require_idle(conn) -> None:
     if conn.info.transaction_status != TransactionStatus.IDLE:
         raise ValueError("replay needs a connection that is not inside a transaction"
                          " (it sets the isolation level of its own)")
 
 
+def live_schema(cur) -> str:
+    """Where the live projections are (public, unless QForge was installed elsewhere)."""
+    cur.execute(q("replay_live_schema"))
+    return cur.fetchone()["schema"]
+
+
 def refuse_live_schema(cur, schema: str) -> None:
     """A rebuild drops and recreates its schema: never the one of the live tables."""
-    cur.execute(q("replay_live_schema"))
-    live = cur.fetchone()["schema"]
+    live = live_schema(cur)
     if schema == live or schema.startswith("pg_") or schema == "information_schema":
         raise ReplayError(f"schema {schema} cannot be a scratch schema: a rebuild drops it"
                           f" (the live projections are in {live})")
@@ -91,8 +101,9 @@ def join_on(keys: list[str]) -> sql.Composed:
 
 
 def columns_of(cur, table: str) -> tuple[list[str], list[str]]:
-    """(primary key columns, other columns) of a live projection, from the catalog,
-    so that a column added by a later migration is compared and swapped too."""
+    """(primary key columns, other columns) of a live projection (`table`, a name as
+    regclass reads it: qualify it), from the catalog, so that a column added by a later
+    migration is compared and swapped too."""
     cur.execute(q("replay_table_columns"), {"table": table})
     rows = cur.fetchall()
     keys = [row["name"] for row in rows if row["is_key"]]
@@ -101,28 +112,47 @@ def columns_of(cur, table: str) -> tuple[list[str], list[str]]:
     return keys, [row["name"] for row in rows if not row["is_key"]]
 
 
-def insert_folded(cur, target: sql.Composable, projection: Projection,
-                   params: dict[str, Any]) -> int:
-    cur.execute(template("replay_insert", target=target, fold=sql.SQL(q(projection.fold))),
-                params, prepare=False)
-    return cur.fetchone()["n"]
+def create_scratch_tables(cur, schema: str | None, live: str) -> None:
+    """Empty copies of the projections (of schema `live`), with their primary keys:
+    unlogged tables in `schema`, or (None) temporary tables that end with the transaction."""
+    for projection in PROJECTIONS:
+        source = sql.Identifier(live, projection.table)
+        keys, _ = columns_of(cur, source.as_string(cur))
+        if schema is None:
+            target: sql.Composable = sql.Identifier(projection.table)
+            cur.execute(template("replay_temp_table", target=target, source=source))
+        else:
+            target = sql.Identifier(schema, projection.table)
+            cur.execute(template("replay_scratch_table", target=target, source=source))
+        cur.execute(template("replay_scratch_key", target=target,
+                             keys=sql.SQL(", ").join(map(sql.Identifier, keys))))
 
 
-def chunks(cur, size: int, total: int,
-            progress: Progress | None) -> Iterator[tuple[UUID, UUID | None]]:
-    """[lo, hi) ranges of stream ids holding about `size` events each; hi None: the end."""
-    lo, done = NIL_ID, 0
-    while True:
-        cur.execute(q("replay_chunk_end"), {"lo": lo, "size": size}, prepare=False)
-        row = cur.fetchone()
-        hi = None if row is None else row["stream_id"]
-        yield lo, hi
-        done = total if hi is None else min(done + size, total)
+def fold_into(cur, schema: str | None, live: str, *, first: int, last: int, as_of: int | None = None,
+              ids: list[UUID] | None = None, total: int = 0, progress: Progress | None = None,
+              chunk_positions: int = CHUNK_POSITIONS) -> int:
+    """Fold the events at positions first..last (and up to as_of; only the streams in
+    ids, when given) into the scratch tables of `schema` (None: this transaction's
+    temporary ones). Returns the events folded. The search path stays pointed at the
+    scratch tables until the transaction ends: keep the live tables schema-qualified
+    (or use another transaction) after this."""
+    scratch = sql.Identifier("pg_temp" if schema is None else schema).as_string(cur)
+    cur.execute(q("replay_search_path"), {"path": f"{scratch}, {sql.Identifier(live).as_string(cur)}"})
+    cur.execute(q("replay_chunk_create"))
+    folded = 0
+    lo = first
+    while lo <= last:
+        hi = last + 1 if ids is not None else min(lo + chunk_positions, last + 1)
+        cur.execute(q("replay_chunk_clear"))
+        cur.execute(q("replay_chunk_load"), {"lo": lo, "hi": hi, "as_of": as_of, "ids": ids})
+        loaded = cur.fetchone()
+        for rank in range(1, loaded["ranks"] + 1):
+            cur.execute(q("replay_chunk_fold"), {"rk": rank})
+        folded += loaded["events"]
         if progress is not None:
-            progress(done, total)
-        if hi is None:
-            return
+            progress(folded, total)
         lo = hi
+    return folded
 
 
 def status_note(row: dict[str, Any] | None, prefix: str) -> str:
@@ -133,5 +163,3 @@ def status_note(row: dict[str, Any] | None, prefix: str) -> str:
 
 def show(value: Any) -> str:
     return json.dumps(value, default=str, sort_keys=True)
-
-

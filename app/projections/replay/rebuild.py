@@ -9,10 +9,10 @@ from datetime import datetime, timezone
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from qforge.projections.replay.common import (CHUNK_EVENTS, META_TABLE, PROJECTIONS, SCRATCH_SCHEMA,
-                                              Progress, chunks, columns_of, insert_folded,
-                                              refuse_live_schema, require_idle, scratch_names,
-                                              template, REPLAY_LOCK_KEY)
+from qforge.projections.replay.common import (CHUNK_POSITIONS, META_TABLE, PROJECTIONS, REPLAY_LOCK_KEY,
+                                              SCRATCH_SCHEMA, Progress, create_scratch_tables, fold_into,
+                                              live_schema, refuse_live_schema, require_idle,
+                                              scratch_names, template)
 from qforge.sql import q
 
 
@@ -30,9 +30,8 @@ class RebuildStats:
         return self.events / self.seconds if self.seconds > 0 else 0.0
 
 
-
 def rebuild(conn, schema: str = SCRATCH_SCHEMA, as_of_position: int | None = None, *,
-            progress: Progress | None = None, chunk_events: int = CHUNK_EVENTS) -> RebuildStats:
+            progress: Progress | None = None, chunk_positions: int = CHUNK_POSITIONS) -> RebuildStats:
     """Fold the log (up to as_of_position) into fresh copies of the projections in `schema`.
 
     One REPEATABLE READ transaction: the rebuild is the state of one snapshot,
@@ -45,6 +44,7 @@ def rebuild(conn, schema: str = SCRATCH_SCHEMA, as_of_position: int | None = Non
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(q("replay_repeatable_read"))
         refuse_live_schema(cur, schema)
+        live = live_schema(cur)
         cur.execute(q("replay_work_mem"))
         cur.execute(q("replay_snapshot"))
         snapshot = cur.fetchone()["snapshot"]
@@ -54,23 +54,17 @@ def rebuild(conn, schema: str = SCRATCH_SCHEMA, as_of_position: int | None = Non
         cur.execute(q("replay_log_extent"), {"as_of": as_of_position}, prepare=False)
         extent = cur.fetchone()
         cur.execute(template("replay_scratch_reset", schema=sql.Identifier(schema)))
-        for projection in PROJECTIONS:
-            cur.execute(template("replay_scratch_table", target=names[projection.table],
-                                  source=sql.Identifier(projection.table)))
+        create_scratch_tables(cur, schema, live)
         cur.execute(template("replay_scratch_meta", meta=names[META_TABLE]))
-        stats = RebuildStats(schema, as_of_position, extent["last_position"], extent["events"],
-                             {p.table: 0 for p in PROJECTIONS})
-        for lo, hi in chunks(cur, chunk_events, extent["scanned"], progress):
-            params = {"lo": lo, "hi": hi, "ids": None, "as_of": as_of_position}
-            for projection in PROJECTIONS:
-                stats.rows[projection.table] += insert_folded(cur, names[projection.table],
-                                                               projection, params)
+        fold_into(cur, schema, live, first=extent["first_position"], last=extent["last_position"],
+                  as_of=as_of_position, total=extent["events"], progress=progress,
+                  chunk_positions=chunk_positions)
+        stats = RebuildStats(schema, as_of_position, extent["last_position"], extent["events"])
         for projection in PROJECTIONS:
-            keys, _ = columns_of(cur, projection.table)
             target = names[projection.table]
-            cur.execute(template("replay_scratch_key", target=target,
-                                  keys=sql.SQL(", ").join(map(sql.Identifier, keys))))
             cur.execute(template("replay_scratch_analyze", target=target))
+            cur.execute(template("replay_row_count", target=target))
+            stats.rows[projection.table] = cur.fetchone()["n"]
         cur.execute(template("replay_scratch_meta_write", meta=names[META_TABLE]), {
             "snapshot": snapshot, "as_of": as_of_position,
             "last_position": extent["last_position"], "events": extent["events"],
@@ -97,5 +91,3 @@ def status_counts(conn, schema: str = SCRATCH_SCHEMA) -> dict[str, dict[str, int
             cur.execute(template("replay_status_counts", target=names[table]))
             counts[table] = {row["status"]: row["n"] for row in cur.fetchall()}
     return counts
-
-

@@ -11,10 +11,10 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from qforge.projections.replay.common import (CANDIDATES_TABLE, META_TABLE, NIL_ID, PROJECTIONS,
-                                              REPLAY_LOCK_KEY, SCRATCH_SCHEMA, Progress, ReplayError,
-                                              any_differs, col, columns_of, insert_folded, join_on,
-                                              require_idle, scratch_names, template)
+from qforge.projections.replay.common import (CANDIDATES_TABLE, META_TABLE, PROJECTIONS, REPLAY_LOCK_KEY,
+                                              SCRATCH_SCHEMA, Progress, ReplayError, any_differs, col,
+                                              columns_of, fold_into, join_on, live_schema, require_idle,
+                                              scratch_names, template)
 from qforge.projections.replay.rebuild import RebuildStats, rebuild
 from qforge.sql import q
 
@@ -70,7 +70,7 @@ def _swap(conn, schema: str, lock_timeout: float, give_up_after: float) -> SwapS
     while True:
         attempt += 1
         try:
-            stats = _swap_once(conn, names, meta["snapshot"], lock_timeout)
+            stats = _swap_once(conn, schema, names, meta["snapshot"], lock_timeout)
         except psycopg.errors.LockNotAvailable:
             if time.monotonic() >= deadline:
                 raise ReplayError(f"could not lock the projections against writers within "
@@ -91,21 +91,24 @@ def replay(conn, schema: str = SCRATCH_SCHEMA, *,
 def _mark_candidates(conn, names: dict[str, sql.Composable]) -> int:
     marked = 0
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        live = live_schema(cur)
         cur.execute(template("replay_candidates_reset", candidates=names[CANDIDATES_TABLE]))
         for projection in PROJECTIONS:
-            keys, others = columns_of(cur, projection.table)
+            keys, others = columns_of(cur, sql.Identifier(live, projection.table).as_string(cur))
             cur.execute(template(
                 "replay_candidates_mark", candidates=names[CANDIDATES_TABLE],
-                live=sql.Identifier(projection.table), scratch=names[projection.table],
+                live=sql.Identifier(live, projection.table), scratch=names[projection.table],
                 join=join_on(keys), any_differs=any_differs(others)))
             marked += cur.rowcount
     return marked
 
 
-def _swap_once(conn, names: dict[str, sql.Composable], snapshot: str,
+def _swap_once(conn, schema: str, names: dict[str, sql.Composable], snapshot: str,
                lock_timeout: float) -> SwapStats:
     candidates = names[CANDIDATES_TABLE]
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        live = live_schema(cur)
+        columns = {p.table: columns_of(cur, sql.Identifier(live, p.table).as_string(cur)) for p in PROJECTIONS}
         cur.execute(q("replay_lock_timeout"), {"timeout": f"{int(lock_timeout * 1000)}ms"})
         cur.execute(q("replay_lock_writers"))
         locked_at = time.monotonic()
@@ -115,27 +118,28 @@ def _swap_once(conn, names: dict[str, sql.Composable], snapshot: str,
         changed = [row["stream_id"] for row in cur.fetchall()]
         stats = SwapStats(refolded_streams=len(changed))
         if changed:
-            params = {"lo": NIL_ID, "hi": None, "ids": changed, "as_of": None}
             for projection in PROJECTIONS:
-                target = names[projection.table]
-                cur.execute(template("replay_forget", target=target), {"ids": changed})
-                insert_folded(cur, target, projection, params)
+                cur.execute(template("replay_forget", target=names[projection.table]), {"ids": changed})
+            cur.execute(q("replay_log_extent"), {"as_of": None})
+            extent = cur.fetchone()
+            fold_into(cur, schema, live, first=extent["first_position"], last=extent["last_position"],
+                      ids=changed)
             cur.execute(template("replay_candidates_add", candidates=candidates),
                         {"ids": changed})
         for projection in PROJECTIONS:
-            _reconcile(cur, projection.table, names[projection.table], candidates, stats)
+            _reconcile(cur, sql.Identifier(live, projection.table), columns[projection.table],
+                       names[projection.table], candidates, stats, projection.table)
         cur.execute(template("replay_scratch_meta_touch", meta=names[META_TABLE]))
         stats.lock_seconds = time.monotonic() - locked_at
     return stats
 
 
-def _reconcile(cur, table: str, scratch: sql.Composable, candidates: sql.Composable,
-               stats: SwapStats) -> None:
+def _reconcile(cur, live: sql.Identifier, columns: tuple[list[str], list[str]], scratch: sql.Composable,
+               candidates: sql.Composable, stats: SwapStats, table: str) -> None:
     """Delete, update and insert the candidate live rows that differ from the rebuild."""
-    keys, others = columns_of(cur, table)
+    keys, others = columns
     rebuilt = sql.Identifier("r")
-    shared = {"live": sql.Identifier(table), "scratch": scratch, "candidates": candidates,
-              "join": join_on(keys)}
+    shared = {"live": live, "scratch": scratch, "candidates": candidates, "join": join_on(keys)}
     cur.execute(template("replay_swap_delete", **shared))
     stats.deleted[table] = cur.rowcount
     stats.updated[table] = 0

@@ -1,4 +1,10 @@
-"""Verify: fold the log and compare it with the live projections, in one read-only snapshot, writing nothing."""
+"""Verify: fold the log and compare it with the live projections, in one snapshot, changing nothing live.
+
+The fold writes into temporary copies of the projections (this transaction's
+own), so verify runs while the system works: every command writes its events
+and its projection rows in one transaction, so the snapshot shows both or
+neither.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +16,9 @@ from uuid import UUID
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from qforge.projections.replay.common import (CHUNK_EVENTS, NIL_ID, PROJECTIONS, Progress, Projection,
-                                              chunks, col, columns_of, join_on, require_idle,
-                                              show, status_note, template)
+from qforge.projections.replay.common import (CHUNK_POSITIONS, PROJECTIONS, Progress, col, columns_of,
+                                              create_scratch_tables, fold_into, join_on, live_schema,
+                                              require_idle, show, status_note, template)
 from qforge.sql import q
 
 
@@ -28,10 +34,14 @@ class Difference:
     rebuilt: dict[str, Any] | None = None
 
     @property
-    def id(self) -> UUID:
-        return UUID(str(self.key["id"]))
+    def id(self) -> UUID | None:
+        return UUID(str(self.key["id"])) if "id" in self.key else None
 
     def describe(self) -> str:
+        if self.table == "queue_counts":
+            (counted, actual), = self.columns.values()
+            return (f"queue_counts queue {self.key['queue']} status {self.key['status']}: counted {counted},"
+                    f" jobs hold {actual}")
         name = f"{self.table} {self.id}"
         if self.table == "execution_tags":
             name = f"{self.table} {self.key['kind']} {self.id} tag {self.key['key']}={self.key['value']}"
@@ -52,59 +62,56 @@ class VerifyReport:
     seconds: float
 
 
-
 def verify(conn, *, progress: Progress | None = None,
-           chunk_events: int = CHUNK_EVENTS) -> list[Difference]:
+           chunk_positions: int = CHUNK_POSITIONS) -> list[Difference]:
     """Every row on which the live projections and the fold of the log differ (empty: none)."""
-    return verify_report(conn, progress=progress, chunk_events=chunk_events).differences
+    return verify_report(conn, progress=progress, chunk_positions=chunk_positions).differences
 
 
 def verify_report(conn, *, progress: Progress | None = None,
-                  chunk_events: int = CHUNK_EVENTS) -> VerifyReport:
-    """verify() with what was compared. One read-only REPEATABLE READ snapshot for the
-    folds and the live rows: every command writes its events and its projection
-    rows in one transaction, so a snapshot shows both or neither."""
+                  chunk_positions: int = CHUNK_POSITIONS) -> VerifyReport:
+    """verify() with what was compared."""
     require_idle(conn)
     started = time.monotonic()
     differences: list[Difference] = []
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(q("replay_read_only_snapshot"))
+        cur.execute(q("replay_repeatable_read"))
         cur.execute(q("replay_work_mem"))
+        live = live_schema(cur)
         cur.execute(q("replay_log_extent"), {"as_of": None}, prepare=False)
         extent = cur.fetchone()
-        statements = {p.table: _compare_statement(cur, p) for p in PROJECTIONS}
-
-        def compare(projection: Projection, lo: UUID, hi: UUID | None) -> None:
-            cur.execute(statements[projection.table],
-                        {"lo": lo, "hi": hi, "ids": None, "as_of": None}, prepare=False)
-            differences.extend(_difference(projection.table, row) for row in cur.fetchall())
-
-        for lo, hi in chunks(cur, chunk_events, extent["scanned"], progress):
-            for projection in PROJECTIONS:
-                if not projection.verify_whole:
-                    compare(projection, lo, hi)
+        statements = {p.table: _compare_statement(cur, live, p.table) for p in PROJECTIONS}
+        create_scratch_tables(cur, None, live)
+        fold_into(cur, None, live, first=extent["first_position"], last=extent["last_position"],
+                  total=extent["events"], progress=progress, chunk_positions=chunk_positions)
         for projection in PROJECTIONS:
-            if projection.verify_whole:
-                compare(projection, NIL_ID, None)
+            cur.execute(statements[projection.table], prepare=False)
+            differences.extend(_difference(projection.table, row) for row in cur.fetchall())
+        cur.execute(template("replay_compare_counts", counts=sql.Identifier(live, "queue_counts"),
+                             deltas=sql.Identifier(live, "queue_count_deltas"),
+                             jobs=sql.Identifier(live, "jobs")), prepare=False)
+        differences.extend(
+            Difference("queue_counts", {"queue": row["queue"], "status": row["status"]}, "differs",
+                       {"n": (row["counted"], row["actual"])}) for row in cur.fetchall())
     return VerifyReport(differences, extent["last_position"], extent["events"],
                         time.monotonic() - started)
 
 
-def _compare_statement(cur, projection: Projection) -> sql.Composed:
-    keys, others = columns_of(cur, projection.table)
-    live, rebuilt = sql.Identifier("l"), sql.Identifier("r")
+def _compare_statement(cur, live: str, table: str) -> sql.Composed:
+    keys, others = columns_of(cur, sql.Identifier(live, table).as_string(cur))
+    live_alias, rebuilt_alias = sql.Identifier("l"), sql.Identifier("r")
     key = sql.SQL("jsonb_build_object({})").format(sql.SQL(", ").join(
-        sql.SQL("{}, coalesce({}, {})").format(sql.Literal(c), col(live, c), col(rebuilt, c))
+        sql.SQL("{}, coalesce({}, {})").format(sql.Literal(c), col(live_alias, c), col(rebuilt_alias, c))
         for c in keys))
     if others:
         differing = sql.SQL("array_remove(ARRAY[{}]::text[], NULL)").format(sql.SQL(", ").join(
             sql.SQL("CASE WHEN {} IS DISTINCT FROM {} THEN {} END").format(
-                col(live, c), col(rebuilt, c), sql.Literal(c)) for c in others))
+                col(live_alias, c), col(rebuilt_alias, c), sql.Literal(c)) for c in others))
     else:
         differing = sql.SQL("ARRAY[]::text[]")
-    return template("replay_compare", fold=sql.SQL(q(projection.fold)),
-                     live=sql.Identifier(projection.table), key=key, join=join_on(keys),
-                     differing=differing)
+    return template("replay_compare", live=sql.Identifier(live, table),
+                    rebuilt=sql.Identifier("pg_temp", table), key=key, join=join_on(keys),
+                    differing=differing)
 
 
 def _difference(table: str, row: dict[str, Any]) -> Difference:
@@ -117,5 +124,3 @@ def _difference(table: str, row: dict[str, Any]) -> Difference:
         kind = "differs"
     columns = {c: (live.get(c), rebuilt.get(c)) for c in row["columns"]} if kind == "differs" else {}
     return Difference(table, row["key"], kind, columns, live, rebuilt)
-
-

@@ -1,0 +1,125 @@
+-- The test oracle: the fold as it was written before it became set-based, one
+-- event at a time in PL/pgSQL (0.1.0's job_apply/workflow_apply), kept in step
+-- with the event schema since. Installed only into test databases; the live
+-- path and replay use events_fold (migrations/definitions/30_fold.sql), and the
+-- property tests check that the two agree.
+
+CREATE OR REPLACE FUNCTION oracle_job_apply(s jobs, e events) RETURNS jobs LANGUAGE plpgsql AS $$
+DECLARE
+    d jsonb := event_upcast_data(e.type, e.schema_version, e.data);
+    wanted text := d ->> 'status';
+BEGIN
+    IF s.id IS NOT NULL AND s.id <> e.stream_id THEN
+        RAISE EXCEPTION 'event % of stream % applied to job %', e.position, e.stream_id, s.id;
+    END IF;
+    IF e.type = 'Enqueued' THEN
+        wanted := coalesce(wanted, 'pending');
+    END IF;
+    s.status := coalesce(state_target('job', s.status, e.type, wanted),
+                         state_refuse('job', s.status, e.type, wanted, e.stream_id));
+    s.version := e.version;
+    s.updated_at := e.occurred_at;
+    s.last_position := e.position;
+    s.chain := e.hash;
+    CASE e.type
+    WHEN 'Enqueued' THEN
+        s.id := e.stream_id;
+        s.task := d ->> 'task';
+        s.queue := coalesce(d ->> 'queue', 'default');
+        s.priority := coalesce((d ->> 'priority')::integer, 0);
+        s.attempts := 0;
+        s.free_attempts := 0;
+        s.max_retries := coalesce((d ->> 'max_retries')::integer, 3);
+        s.run_at := coalesce((d ->> 'run_at')::timestamptz, e.occurred_at);
+        s.timeout_seconds := (d ->> 'timeout_seconds')::double precision;
+        s.payload := coalesce(d -> 'payload', '{}');
+        s.tags := coalesce(e.tags, '{}');
+        s.idempotency_key := d ->> 'idempotency_key';
+        s.workflow_id := e.workflow_id;
+        s.step := d ->> 'step';
+        s.step_type := d ->> 'step_type';
+        s.depends_on := d -> 'depends_on';
+        s.condition := d -> 'when';
+        s.on_failure := d ->> 'on_failure';
+        s.sleep_seconds := (d ->> 'seconds')::double precision;
+        s.created_at := e.occurred_at;
+        IF s.status = 'waiting' THEN
+            s.started_at := e.occurred_at;
+        END IF;
+    WHEN 'StepUnblocked' THEN
+        s.payload := s.payload || jsonb_build_object('inputs', coalesce(d -> 'inputs', '{}'));
+        IF d ? 'failed_step' THEN
+            s.payload := s.payload || jsonb_build_object('failed_step', d -> 'failed_step',
+                                                         'error', d -> 'error');
+        END IF;
+        s.run_at := coalesce((d ->> 'run_at')::timestamptz, e.occurred_at);
+        IF s.status = 'waiting' THEN
+            s.started_at := e.occurred_at;
+        END IF;
+    WHEN 'Claimed' THEN
+        s.attempts := (d ->> 'attempt')::integer;
+        s.worker := coalesce(d ->> 'worker', e.actor);
+        s.heartbeat_at := e.occurred_at;
+        s.started_at := e.occurred_at;
+    WHEN 'Heartbeat' THEN
+        s.heartbeat_at := e.occurred_at;
+    WHEN 'Succeeded' THEN
+        s.result := coalesce(d -> 'result', 'null');
+        s.finished_at := e.occurred_at;
+    WHEN 'Triggered' THEN
+        s.result := coalesce(d -> 'payload', '{}');
+        s.finished_at := e.occurred_at;
+    WHEN 'Failed' THEN
+        s.last_error := d ->> 'error';
+        IF d ? 'result' THEN
+            s.result := d -> 'result';
+        END IF;
+    WHEN 'Retried' THEN
+        s.run_at := (d ->> 'run_at')::timestamptz;
+        s.finished_at := NULL;
+        IF coalesce((d ->> 'manual')::boolean, false) THEN
+            s.free_attempts := s.attempts;
+        END IF;
+    WHEN 'Released' THEN
+        s.free_attempts := s.free_attempts + 1;
+        s.run_at := e.occurred_at;
+    WHEN 'DeadLettered', 'Cancelled', 'Skipped' THEN
+        s.finished_at := e.occurred_at;
+        IF d ? 'error' THEN
+            s.last_error := d ->> 'error';
+        END IF;
+    ELSE
+        RAISE EXCEPTION 'the oracle has no rule for event type %', e.type;
+    END CASE;
+    RETURN s;
+END $$;
+
+CREATE OR REPLACE FUNCTION oracle_workflow_apply(s workflows, e events) RETURNS workflows
+LANGUAGE plpgsql AS $$
+BEGIN
+    s.status := coalesce(state_target('workflow', s.status, e.type, NULL),
+                         state_refuse('workflow', s.status, e.type, NULL, e.stream_id));
+    s.version := e.version;
+    s.updated_at := e.occurred_at;
+    s.last_position := e.position;
+    s.chain := e.hash;
+    CASE e.type
+    WHEN 'WorkflowSubmitted' THEN
+        s.id := e.stream_id;
+        s.name := e.data ->> 'name';
+        s.tags := coalesce(e.tags, '{}');
+        s.idempotency_key := e.data ->> 'idempotency_key';
+        s.external_id := e.data ->> 'external_id';
+        s.definition := e.data -> 'steps';
+        s.created_at := e.occurred_at;
+    WHEN 'WorkflowSucceeded', 'WorkflowFailed', 'WorkflowCancelled' THEN
+        s.error := e.data ->> 'error';
+        s.finished_at := e.occurred_at;
+    ELSE
+        RAISE EXCEPTION 'the oracle has no rule for event type %', e.type;
+    END CASE;
+    RETURN s;
+END $$;
+
+CREATE OR REPLACE AGGREGATE oracle_job_fold(events) (SFUNC = oracle_job_apply, STYPE = jobs);
+CREATE OR REPLACE AGGREGATE oracle_workflow_fold(events) (SFUNC = oracle_workflow_apply, STYPE = workflows);
