@@ -32,21 +32,32 @@ ALTER INDEX events_idempotency RENAME TO events_v1_idempotency;
 -- 2. The canonical encoding of an event, version 1: the exact bytes its hash
 --    covers. Versioned on purpose: changing it would break every stored chain,
 --    so a new encoding is a new function (and a new line in the log's schema).
---    Lines joined by "\n": a marker, the stream type, stream id, version, type,
---    schema version, occurred_at in microseconds since the Unix epoch, the
---    workflow id (or nothing), the actor, the tags as jsonb text (or nothing),
---    and the data as jsonb text; UTF-8.
+--    Binary and length-prefixed, so that no value can be mistaken for another:
+--      "QFE1"                                  4 bytes
+--      stream_id                               16 bytes (the UUID's bytes)
+--      version                                 int32, big-endian
+--      schema_version                          int16, big-endian
+--      occurred_at                             int64, big-endian: microseconds
+--                                              since 2000-01-01 00:00:00 UTC
+--      stream_type, type, actor                each: int32 byte length, then UTF-8
+--      workflow_id                             1 byte 0 (none), or 1 and 16 bytes
+--      tags                                    int32 -1 (none), or length and the
+--                                              jsonb text (PostgreSQL's rendering)
+--      data                                    the jsonb text, to the end
+--    docs/ARCHITECTURE.md says how to reproduce it outside the database.
 CREATE FUNCTION event_canonical_v1(stream_type text, stream_id uuid, version integer, type text,
                                    schema_version smallint, data jsonb, tags jsonb, workflow_id uuid,
                                    occurred_at timestamptz, actor text)
 RETURNS bytea LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT convert_to(
-        'qforge-event-v1' || E'\n' || stream_type || E'\n' || stream_id::text || E'\n'
-        || version::text || E'\n' || type || E'\n' || schema_version::text || E'\n'
-        || ((extract(epoch FROM occurred_at) * 1000000)::bigint)::text || E'\n'
-        || coalesce(workflow_id::text, '') || E'\n' || actor || E'\n'
-        || coalesce(tags::text, '') || E'\n' || data::text,
-        'UTF8')
+    SELECT '\x51464531'::bytea || uuid_send(stream_id) || int4send(version) || int2send(schema_version)
+           || timestamptz_send(occurred_at)
+           || int4send(octet_length(stream_type)) || textsend(stream_type)
+           || int4send(octet_length(type)) || textsend(type)
+           || int4send(octet_length(actor)) || textsend(actor)
+           || CASE WHEN workflow_id IS NULL THEN '\x00'::bytea ELSE '\x01'::bytea || uuid_send(workflow_id) END
+           || CASE WHEN tags IS NULL THEN '\xffffffff'::bytea
+                   ELSE int4send(octet_length(tags::text)) || textsend(tags::text) END
+           || textsend(data::text)
 $$;
 
 -- hash = SHA-256(previous hash in the stream (empty for the first) || canonical bytes).
@@ -59,13 +70,22 @@ $$;
 -- hash; `prev` (read from the first row) is the head of the chain before them.
 CREATE AGGREGATE event_chain(bytea, bytea) (SFUNC = event_chain_step, STYPE = bytea);
 
+DO $$
+BEGIN
+    IF pg_encoding_to_char(encoding) <> 'UTF8' FROM pg_database WHERE datname = current_database() THEN
+        RAISE EXCEPTION 'QForge needs a UTF8 database (this one is %): an event''s hash covers its text as UTF-8',
+            (SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = current_database());
+    END IF;
+END $$;
+
 -- 3. The partitioned log.
 CREATE SEQUENCE events_position_seq AS bigint;
 
 CREATE TABLE events (
     position       bigint      NOT NULL DEFAULT nextval('events_position_seq'),
     xid            xid8        NOT NULL DEFAULT pg_current_xact_id(),
-    stream_type    text        NOT NULL CHECK (stream_type IN ('job', 'workflow')),
+    -- job | workflow, and the streams later features add (the fold checks them).
+    stream_type    text        NOT NULL,
     stream_id      uuid        NOT NULL,
     version        integer     NOT NULL CHECK (version > 0),
     type           text        NOT NULL,
@@ -85,9 +105,9 @@ ALTER SEQUENCE events_position_seq OWNED BY events.position;
 CREATE INDEX events_xid ON events (xid);
 CREATE INDEX events_stream ON events (stream_id);
 CREATE INDEX events_workflow ON events (workflow_id, position) WHERE workflow_id IS NOT NULL;
--- Appends are in position (and time) order: block ranges are enough.
+-- Appends are in position order: block ranges are enough for the range reads
+-- of replay, archive and audit (one index entry per 128 pages).
 CREATE INDEX events_position_brin ON events USING brin (position);
-CREATE INDEX events_occurred_brin ON events USING brin (occurred_at);
 
 -- How big a partition is, in positions; the monitor's leader keeps partitions
 -- created ahead of the appends (log_maintain, in the definitions).

@@ -26,11 +26,19 @@ def new_ids(count: int) -> list[uuid.UUID]:
             if sequence >= 1 << 12:  # 4096 ids in one millisecond: borrow the next one
                 millis, sequence = millis + 1, 0
             tail = int.from_bytes(noise[8 * index:8 * index + 8], "big") & ((1 << 62) - 1)
-            ids.append(uuid.UUID(int=(millis << 80) | (0x7 << 76) | (sequence << 64)
-                                 | (0b10 << 62) | tail))
+            ids.append(_uuid((millis << 80) | (0x7 << 76) | (sequence << 64) | (0b10 << 62) | tail))
             sequence += 1
         _last[0], _last[1] = millis, sequence - 1
     return ids
+
+
+def _uuid(value: int) -> uuid.UUID:
+    """uuid.UUID(int=value) without its argument checks (value is a valid UUIDv7 by
+    construction): a third of the cost of enqueueing a job in Python was there."""
+    made = object.__new__(uuid.UUID)
+    object.__setattr__(made, "int", value)
+    object.__setattr__(made, "is_safe", uuid.SafeUUID.unknown)
+    return made
 
 
 def new_id() -> uuid.UUID:

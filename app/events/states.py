@@ -134,6 +134,23 @@ def as_document() -> dict[str, dict[str, list[str]]]:
     return document
 
 
+def targets_document() -> dict[str, dict[str, str]]:
+    """{machine: {"status/Event/wanted": new status}}: one probe answers a transition.
+
+    "wanted" is the status an event names (data.status) or empty: an event that
+    leaves the choice to its data is found only with it, one with a single
+    target with or without it."""
+    document: dict[str, dict[str, str]] = {}
+    for machine, table in MACHINES.items():
+        flat = document.setdefault(machine, {})
+        for (source, event_type), target in table.items():
+            for to in [target] if isinstance(target, str) else sorted(target):
+                flat[f"{source}/{event_type}/{to}"] = to
+            if isinstance(target, str):
+                flat[f"{source}/{event_type}/"] = target
+    return document
+
+
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -147,11 +164,14 @@ def state_machine_definition() -> str:
     text, so its checksum changes exactly when the table does.
     """
     document = json.dumps(as_document(), sort_keys=True)
+    targets = json.dumps(targets_document(), sort_keys=True)
     values = ",\n".join(f"    ({', '.join(_literal(v) for v in row)})" for row in sorted(rows()))
     return (
         "-- Generated from qforge.events.states: the state machine.\n"
         "CREATE OR REPLACE FUNCTION state_machine() RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE\n"
         f"AS $$ SELECT {_literal(document)}::jsonb $$;\n"
+        "CREATE OR REPLACE FUNCTION state_targets() RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE\n"
+        f"AS $$ SELECT {_literal(targets)}::jsonb $$;\n"
         "DELETE FROM state_transitions;\n"
         "INSERT INTO state_transitions (machine, from_status, event_type, to_status) VALUES\n"
         f"{values};\n"

@@ -1,9 +1,24 @@
 -- name: job_enqueue
--- One Enqueued event per new job; events_project() creates the rows. A key
--- goes into idempotency_keys first: a repeated key conflicts there and its job
--- is not appended (ON CONFLICT waits for a concurrent inserter, so two racing
--- enqueues with one key make one job). A stream's first event carries its
--- tags; its hash starts the stream's chain.
+-- One Enqueued event per new job; events_project() creates the rows. A
+-- stream's first event carries its tags; its hash starts the stream's chain.
+-- (Jobs with an idempotency key go through job_enqueue_keyed.)
+WITH input AS (
+    SELECT j.id, j.data, nullif(j.tags, '{}') AS tags, j.workflow_id,
+           coalesce(%(now)s::timestamptz, now()) AS at
+      FROM jsonb_to_recordset(%(jobs)s::jsonb) AS j(id uuid, data jsonb, tags jsonb, workflow_id uuid)
+)
+INSERT INTO events (stream_type, stream_id, version, type, data, tags, workflow_id, occurred_at, actor,
+                    hash)
+SELECT 'job', i.id, 1, 'Enqueued', i.data, i.tags, i.workflow_id, i.at, %(actor)s,
+       event_hash(NULL, 'job', i.id, 1, 'Enqueued', 1::smallint, i.data, i.tags, i.workflow_id, i.at,
+                  %(actor)s)
+  FROM input i
+
+-- name: job_enqueue_keyed
+-- The same, where some jobs carry an idempotency key: the key goes into
+-- idempotency_keys first, and a repeated key conflicts there and its job is
+-- not appended (ON CONFLICT waits for a concurrent inserter, so two racing
+-- enqueues with one key make one job).
 WITH input AS (
     SELECT j.id, j.data, nullif(j.tags, '{}') AS tags, j.workflow_id,
            coalesce(%(now)s::timestamptz, now()) AS at
@@ -40,7 +55,8 @@ WITH picked AS (
       FROM unnest(%(queues)s::text[]) AS q(queue)
      CROSS JOIN LATERAL (
             SELECT j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
-                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain
+                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain,
+                   jsonb_build_object('attempt', j.attempts + 1) AS data
               FROM jobs j
              WHERE j.status = 'pending' AND j.queue = q.queue
                AND j.run_at <= coalesce(%(now)s::timestamptz, now())
@@ -49,19 +65,19 @@ WITH picked AS (
                FOR UPDATE SKIP LOCKED) c
      ORDER BY c.priority DESC, c.run_at, c.id
      LIMIT %(limit)s
+), clock AS MATERIALIZED (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS at
 ), claimed AS (
+    -- Runs whether or not it is read: every picked row gets its event.
     INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
-    SELECT 'job', p.id, p.version + 1, 'Claimed', x.data, p.workflow_id, x.at, %(worker)s,
-           event_hash(p.chain, 'job', p.id, p.version + 1, 'Claimed', 1::smallint, x.data, NULL,
-                      p.workflow_id, x.at, %(worker)s)
-      FROM picked p
-     CROSS JOIN LATERAL (SELECT jsonb_build_object('attempt', p.attempts + 1) AS data,
-                                coalesce(%(now)s::timestamptz, now()) AS at) x
-    RETURNING stream_id
+    SELECT 'job', p.id, p.version + 1, 'Claimed', p.data, p.workflow_id, c.at, %(worker)s,
+           event_hash(p.chain, 'job', p.id, p.version + 1, 'Claimed', 1::smallint, p.data, NULL,
+                      p.workflow_id, c.at, %(worker)s)
+      FROM picked p, clock c
 )
 SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_seconds,
        p.workflow_id, p.step, p.tags
-  FROM picked p JOIN claimed c ON c.stream_id = p.id
+  FROM picked p
 
 -- name: job_heartbeat
 -- Fenced: only the current attempt of a running job may beat. Rows that do not

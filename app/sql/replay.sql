@@ -40,7 +40,24 @@ WITH loaded AS (
 SELECT count(*) AS events, coalesce(max(rk), 0) AS ranks FROM loaded
 
 -- name: replay_chunk_fold
-SELECT events_fold(array_agg(c.e ORDER BY (c.e).position)) FROM pg_temp.replay_chunk c WHERE c.rk = %(rk)s
+-- One rank of the chunk into the feed table, whose events_project trigger
+-- folds it: the statement the log's own trigger runs on every append.
+INSERT INTO {feed} SELECT (c.e).* FROM pg_temp.replay_chunk c WHERE c.rk = %(rk)s ORDER BY (c.e).position
+
+-- name: replay_feed_clear
+TRUNCATE {feed}
+
+-- name: replay_feed_table
+-- What replay inserts the log into: the log's columns, no index, and the
+-- log's fold as its trigger.
+CREATE UNLOGGED TABLE {feed} (LIKE {events});
+CREATE TRIGGER events_project AFTER INSERT ON {feed}
+    REFERENCING NEW TABLE AS new_events FOR EACH STATEMENT EXECUTE FUNCTION events_project()
+
+-- name: replay_temp_feed_table
+CREATE TEMP TABLE {feed} (LIKE {events}) ON COMMIT DROP;
+CREATE TRIGGER events_project AFTER INSERT ON {feed}
+    REFERENCING NEW TABLE AS new_events FOR EACH STATEMENT EXECUTE FUNCTION events_project()
 
 -- name: replay_stream_events
 -- How many events the streams in ids have (up to as_of): a swap or an as-of

@@ -50,8 +50,10 @@ $$;
 -- Event schema evolution: old shapes are turned into the current one on read
 -- (the Python twins are qforge.events.types.UPCASTERS; a test keeps them equal).
 -- Failed v1 carried {"attempt","message"}; v2 names why: {"attempt","reason","error"}.
+-- (STABLE, as jsonb_build_object is: an IMMUTABLE label would keep the
+-- planner from inlining it.)
 CREATE OR REPLACE FUNCTION event_upcast_data(type text, schema_version smallint, data jsonb)
-RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+RETURNS jsonb LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN schema_version = 1 AND type = 'Failed'
                 THEN (data - 'message') || jsonb_build_object(
                          'reason', coalesce(data ->> 'reason', 'error'),

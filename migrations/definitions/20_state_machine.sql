@@ -7,17 +7,11 @@
 -- The status an event leads to from status p_from (NULL: a new stream), or
 -- NULL when the table has no such transition. p_wanted is the status the
 -- event names when the table leaves the choice to it (Enqueued, StepUnblocked).
+-- One probe of state_targets() (generated beside state_machine()), and each
+-- parameter used once: the planner inlines it whatever the arguments are.
 CREATE OR REPLACE FUNCTION state_target(p_machine text, p_from text, p_event text, p_wanted text)
 RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE
-        WHEN p_wanted IS NULL
-            THEN CASE WHEN jsonb_array_length(state_machine() -> p_machine
-                                              -> (coalesce(p_from, '') || '/' || p_event)) = 1
-                      THEN state_machine() -> p_machine -> (coalesce(p_from, '') || '/' || p_event) ->> 0
-                 END
-        WHEN state_machine() -> p_machine -> (coalesce(p_from, '') || '/' || p_event) ? p_wanted
-            THEN p_wanted
-    END
+    SELECT state_targets() -> p_machine ->> (coalesce(p_from, '') || '/' || p_event || '/' || coalesce(p_wanted, ''))
 $$;
 
 -- Guards used by the command statements: may an event of this type happen now?

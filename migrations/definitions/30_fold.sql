@@ -1,8 +1,9 @@
 -- The projection: how a set of events changes the read model (jobs, workflows,
--- execution_tags). events_fold() is the one definition, used by the live path
--- (the events_project trigger, on every insert) and by replay (qforge replay
--- calls it on the log, chunk by chunk, with the scratch tables first on the
--- search path), so the two cannot drift.
+-- execution_tags). events_project() is the one definition: a statement trigger
+-- that folds the statement's new events. The log carries it (every append is
+-- folded in the appending statement), and so does each replay's feed table
+-- (qforge replay inserts the log into it, chunk by chunk, with the scratch
+-- tables first on the search path), so live and replay cannot drift.
 --
 -- It is set-based: one INSERT creates every new stream of the set, then one
 -- UPDATE per round applies, to every stream at once, the event whose version
@@ -14,42 +15,52 @@
 -- exist) fails the statement that appended it, as does a transition the state
 -- machine does not allow.
 
-CREATE OR REPLACE FUNCTION events_fold(evs events[]) RETURNS void LANGUAGE plpgsql
+CREATE OR REPLACE FUNCTION events_project() RETURNS trigger LANGUAGE plpgsql
 -- The sets folded here are small next to the tables they update: every join
--- must be an index lookup per event. The planner cannot know the size of an
--- unnested array, and once picked a hash join over a scan of jobs.
+-- must be an index lookup per event. The planner cannot know the size of a
+-- transition table, and once picked a hash join over a scan of jobs.
 SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 DECLARE
+    new_jobs bigint;
     expected_jobs bigint;
+    new_workflows bigint;
     expected_workflows bigint;
+    tagged bigint;
     applied bigint;
     done bigint;
 BEGIN
-    SELECT count(*) FILTER (WHERE e.stream_type = 'job' AND e.version > 1),
-           count(*) FILTER (WHERE e.stream_type = 'workflow' AND e.version > 1)
-      INTO expected_jobs, expected_workflows
-      FROM unnest(evs) e;
+    -- One pass over the set tells which statements have work to do.
+    SELECT count(*) FILTER (WHERE e.stream_type = 'job' AND e.version = 1),
+           count(*) FILTER (WHERE e.stream_type = 'job' AND e.version > 1),
+           count(*) FILTER (WHERE e.stream_type = 'workflow' AND e.version = 1),
+           count(*) FILTER (WHERE e.stream_type = 'workflow' AND e.version > 1),
+           count(*) FILTER (WHERE e.version = 1 AND e.tags IS NOT NULL AND e.tags <> '{}')
+      INTO new_jobs, expected_jobs, new_workflows, expected_workflows, tagged
+      FROM new_events e;
 
     -- New jobs: an Enqueued event creates the row.
+    IF new_jobs > 0 THEN
     INSERT INTO jobs (id, version, task, queue, status, priority, attempts, free_attempts, max_retries,
                       run_at, timeout_seconds, payload, result, last_error, tags, idempotency_key,
                       workflow_id, step, step_type, depends_on, condition, on_failure, sleep_seconds,
                       worker, heartbeat_at, started_at, finished_at, created_at, updated_at,
                       last_position, chain)
-    SELECT e.stream_id, e.version, d ->> 'task', coalesce(d ->> 'queue', 'default'), s.status,
-           coalesce((d ->> 'priority')::integer, 0), 0, 0, coalesce((d ->> 'max_retries')::integer, 3),
-           coalesce((d ->> 'run_at')::timestamptz, e.occurred_at), (d ->> 'timeout_seconds')::float8,
-           coalesce(d -> 'payload', '{}'), NULL, NULL, coalesce(e.tags, '{}'), d ->> 'idempotency_key',
-           e.workflow_id, d ->> 'step', d ->> 'step_type', d -> 'depends_on', d -> 'when',
-           d ->> 'on_failure', (d ->> 'seconds')::float8,
+    SELECT e.stream_id, e.version, e.d ->> 'task', coalesce(e.d ->> 'queue', 'default'), s.status,
+           coalesce((e.d ->> 'priority')::integer, 0), 0, 0, coalesce((e.d ->> 'max_retries')::integer, 3),
+           coalesce((e.d ->> 'run_at')::timestamptz, e.occurred_at), (e.d ->> 'timeout_seconds')::float8,
+           coalesce(e.d -> 'payload', '{}'), NULL, NULL, coalesce(e.tags, '{}'), e.d ->> 'idempotency_key',
+           e.workflow_id, e.d ->> 'step', e.d ->> 'step_type', e.d -> 'depends_on', e.d -> 'when',
+           e.d ->> 'on_failure', (e.d ->> 'seconds')::float8,
            NULL, NULL, CASE WHEN s.status = 'waiting' THEN e.occurred_at END, NULL,
            e.occurred_at, e.occurred_at, e.position, e.hash
-      FROM unnest(evs) e
-     CROSS JOIN LATERAL (SELECT event_upcast_data(e.type, e.schema_version, e.data) AS d) u
+      FROM (SELECT x.*, event_upcast_data(x.type, x.schema_version, x.data) AS d
+              FROM new_events x
+             WHERE x.stream_type = 'job' AND x.version = 1
+            OFFSET 0) e  -- a fence: d is computed once per event, not once per use
      CROSS JOIN LATERAL (SELECT coalesce(
-                state_target('job', NULL, e.type, coalesce(d ->> 'status', 'pending')),
-                state_refuse('job', NULL, e.type, d ->> 'status', e.stream_id)) AS status) s
-     WHERE e.stream_type = 'job' AND e.version = 1;
+                state_target('job', NULL, e.type, coalesce(e.d ->> 'status', 'pending')),
+                state_refuse('job', NULL, e.type, e.d ->> 'status', e.stream_id)) AS status) s;
+    END IF;
 
     applied := 0;
     WHILE applied < expected_jobs LOOP
@@ -104,8 +115,9 @@ BEGIN
                 WHEN e.type = 'Retried' THEN NULL
                 ELSE j.finished_at END
           FROM (SELECT x.*, event_upcast_data(x.type, x.schema_version, x.data) AS d
-                  FROM unnest(evs) x
-                 WHERE x.stream_type = 'job' AND x.version > 1) e
+                  FROM new_events x
+                 WHERE x.stream_type = 'job' AND x.version > 1
+                OFFSET 0) e
          WHERE j.id = e.stream_id AND e.version = j.version + 1;
         GET DIAGNOSTICS done = ROW_COUNT;
         EXIT WHEN done = 0;
@@ -118,6 +130,7 @@ BEGIN
     END IF;
 
     -- New workflows, then the later events of workflows.
+    IF new_workflows > 0 THEN
     INSERT INTO workflows (id, version, name, status, tags, idempotency_key, external_id, definition,
                            error, created_at, updated_at, finished_at, last_position, chain)
     SELECT e.stream_id, e.version, e.data ->> 'name',
@@ -125,8 +138,9 @@ BEGIN
                     state_refuse('workflow', NULL, e.type, NULL, e.stream_id)),
            coalesce(e.tags, '{}'), e.data ->> 'idempotency_key', e.data ->> 'external_id',
            e.data -> 'steps', NULL, e.occurred_at, e.occurred_at, NULL, e.position, e.hash
-      FROM unnest(evs) e
+      FROM new_events e
      WHERE e.stream_type = 'workflow' AND e.version = 1;
+    END IF;
 
     applied := 0;
     WHILE applied < expected_workflows LOOP
@@ -141,7 +155,7 @@ BEGIN
                          THEN e.data ->> 'error' ELSE w.error END,
             finished_at = CASE WHEN e.type IN ('WorkflowSucceeded', 'WorkflowFailed', 'WorkflowCancelled')
                                THEN e.occurred_at ELSE w.finished_at END
-          FROM unnest(evs) e
+          FROM new_events e
          WHERE e.stream_type = 'workflow' AND e.version > 1
            AND w.id = e.stream_id AND e.version = w.version + 1;
         GET DIAGNOSTICS done = ROW_COUNT;
@@ -154,21 +168,18 @@ BEGIN
     END IF;
 
     -- Tags never change after creation, so tag search is an insert-only table.
-    INSERT INTO execution_tags (key, value, kind, id)
-    SELECT t.key, t.value, e.stream_type, e.stream_id
-      FROM unnest(evs) e, LATERAL jsonb_each_text(e.tags) t
-     WHERE e.version = 1 AND e.tags IS NOT NULL AND e.tags <> '{}'
-    ON CONFLICT DO NOTHING;
+    IF tagged > 0 THEN
+        INSERT INTO execution_tags (key, value, kind, id)
+        SELECT t.key, t.value, e.stream_type, e.stream_id
+          FROM new_events e, LATERAL jsonb_each_text(e.tags) t
+         WHERE e.version = 1 AND e.tags IS NOT NULL AND e.tags <> '{}'
+        ON CONFLICT DO NOTHING;
+    END IF;
+    RETURN NULL;
 END $$;
 
 -- The live projection: every INSERT INTO events folds its events in the
 -- inserting statement, so the read model can never lag or drift from the log.
-CREATE OR REPLACE FUNCTION events_project() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM events_fold(ARRAY(SELECT ROW(n.*)::events FROM new_events n));
-    RETURN NULL;
-END $$;
-
 CREATE OR REPLACE TRIGGER events_project AFTER INSERT ON events
     REFERENCING NEW TABLE AS new_events
     FOR EACH STATEMENT EXECUTE FUNCTION events_project();

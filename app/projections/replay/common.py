@@ -20,6 +20,7 @@ from psycopg.pq import TransactionStatus
 from qforge.sql import q
 
 SCRATCH_SCHEMA = "qforge_replay"
+FEED_TABLE = "events_feed"
 META_TABLE = "replay_meta"
 CANDIDATES_TABLE = "replay_candidates"
 # Positions per chunk: big enough that per-statement costs vanish, small enough
@@ -126,6 +127,11 @@ def create_scratch_tables(cur, schema: str | None, live: str) -> None:
             cur.execute(template("replay_scratch_table", target=target, source=source))
         cur.execute(template("replay_scratch_key", target=target,
                              keys=sql.SQL(", ").join(map(sql.Identifier, keys))))
+    events = sql.Identifier(live, "events")
+    if schema is None:
+        cur.execute(template("replay_temp_feed_table", feed=sql.Identifier(FEED_TABLE), events=events))
+    else:
+        cur.execute(template("replay_feed_table", feed=sql.Identifier(schema, FEED_TABLE), events=events))
 
 
 def fold_into(cur, schema: str | None, live: str, *, first: int, last: int, as_of: int | None = None,
@@ -136,18 +142,22 @@ def fold_into(cur, schema: str | None, live: str, *, first: int, last: int, as_o
     temporary ones). Returns the events folded. The search path stays pointed at the
     scratch tables until the transaction ends: keep the live tables schema-qualified
     (or use another transaction) after this."""
-    scratch = sql.Identifier("pg_temp" if schema is None else schema).as_string(cur)
-    cur.execute(q("replay_search_path"), {"path": f"{scratch}, {sql.Identifier(live).as_string(cur)}"})
+    scratch = "pg_temp" if schema is None else schema
+    feed = sql.Identifier(scratch, FEED_TABLE)
+    cur.execute(q("replay_search_path"), {"path": f"{sql.Identifier(scratch).as_string(cur)}, "
+                                                  f"{sql.Identifier(live).as_string(cur)}"})
     cur.execute(q("replay_chunk_create"))
+    fold_rank = template("replay_chunk_fold", feed=feed)
     folded = 0
     lo = first
     while lo <= last:
         hi = last + 1 if ids is not None else min(lo + chunk_positions, last + 1)
         cur.execute(q("replay_chunk_clear"))
+        cur.execute(template("replay_feed_clear", feed=feed))
         cur.execute(q("replay_chunk_load"), {"lo": lo, "hi": hi, "as_of": as_of, "ids": ids})
         loaded = cur.fetchone()
         for rank in range(1, loaded["ranks"] + 1):
-            cur.execute(q("replay_chunk_fold"), {"rk": rank})
+            cur.execute(fold_rank, {"rk": rank})
         folded += loaded["events"]
         if progress is not None:
             progress(folded, total)
