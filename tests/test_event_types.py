@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -132,3 +133,46 @@ def test_upcasters_lead_to_the_current_version_of_each_type() -> None:
             assert (event_type, version) in ev.UPCASTERS, (event_type, version)
     assert ev.parse_data("Failed", 1, {"attempt": 2, "message": "disk full"}) == ev.Failed(
         attempt=2, reason="error", error="disk full")
+
+
+# ---------------------------------------------------------------------------
+# twins: what Python writes and reads directly, without the models, must be what the models say
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from qforge.commands.enqueue import enqueued_data  # noqa: E402
+from qforge.commands.specs import JobSpec  # noqa: E402
+
+specs = st.builds(
+    JobSpec, task=st.sampled_from(["echo", "send_email"]), queue=st.sampled_from(["default", "emails"]),
+    priority=st.integers(-5, 5), max_retries=st.integers(0, 5),
+    payload=st.dictionaries(st.sampled_from(["a", "b"]), st.integers(0, 3), max_size=2),
+    delay_seconds=st.one_of(st.none(), st.floats(0, 100)),
+    timeout_seconds=st.one_of(st.none(), st.floats(0.5, 60)),
+    idempotency_key=st.one_of(st.none(), st.text("abc", min_size=1, max_size=3)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(spec=specs)
+def test_enqueued_data_is_the_compact_dump_of_the_model(spec: JobSpec) -> None:
+    fast = enqueued_data(spec, T0)
+    run_at = fast.get("run_at")
+    model = ev.Enqueued(task=spec.task, queue=spec.queue, priority=spec.priority, max_retries=spec.max_retries,
+                        payload=spec.payload, timeout_seconds=spec.timeout_seconds,
+                        idempotency_key=spec.idempotency_key, run_at=run_at)
+    assert ev.Enqueued.model_validate(fast) == model
+    assert set(fast) == set(model.model_dump(exclude_defaults=True))
+
+
+def test_expand_in_python_agrees_with_event_read_data(conn: psycopg.Connection) -> None:
+    cases = [("Enqueued", 1, {"task": "echo"}), ("Enqueued", 1, {"task": "e", "queue": "q", "run_at": "2031-01-01T00:00:00+00:00"}),
+             ("Claimed", 1, {"attempt": 1}), ("Claimed", 1, {"attempt": 2, "worker": "w9"}),
+             ("Heartbeat", 1, {"attempt": 1}), ("Succeeded", 1, {"attempt": 1}),
+             ("Succeeded", 1, {"attempt": 1, "result": {"x": 1}}), ("Failed", 1, {"attempt": 1, "message": "m"}),
+             ("Failed", 2, {"attempt": 1, "reason": "timeout", "error": "e"}), ("Cancelled", 1, {"reason": "r"})]
+    at = T0 + timedelta(microseconds=123456)
+    for event_type, version, data in cases:
+        row = conn.execute("SELECT event_read_data(%s, %s::smallint, %s::jsonb, 'actor-1', %s) AS d",
+                           (event_type, version, json.dumps(data), at)).fetchone()
+        assert row["d"] == ev.expand(event_type, version, data, "actor-1", at), (event_type, data)

@@ -49,15 +49,23 @@ TRUNCATE {feed}
 
 -- name: replay_feed_table
 -- What replay inserts the log into: the log's columns, no index, and the
--- log's fold as its trigger.
-CREATE UNLOGGED TABLE {feed} (LIKE {events});
-CREATE TRIGGER events_project AFTER INSERT ON {feed}
-    REFERENCING NEW TABLE AS new_events FOR EACH STATEMENT EXECUTE FUNCTION events_project()
+-- log's folds as its triggers (replay_fold_triggers).
+CREATE UNLOGGED TABLE {feed} (LIKE {events})
 
 -- name: replay_temp_feed_table
-CREATE TEMP TABLE {feed} (LIKE {events}) ON COMMIT DROP;
-CREATE TRIGGER events_project AFTER INSERT ON {feed}
-    REFERENCING NEW TABLE AS new_events FOR EACH STATEMENT EXECUTE FUNCTION events_project()
+CREATE TEMP TABLE {feed} (LIKE {events}) ON COMMIT DROP
+
+-- name: replay_fold_triggers
+-- The folds on the log: its statement triggers after INSERT that read the new
+-- rows (events_project, and those of later features). The feed gets the same.
+SELECT t.tgname AS name, t.tgnewtable AS new_table, t.tgfoid::regproc::text AS function
+  FROM pg_trigger t
+ WHERE t.tgrelid = %(events)s::regclass AND NOT t.tgisinternal AND t.tgnewtable IS NOT NULL
+ ORDER BY t.tgname
+
+-- name: replay_feed_trigger
+CREATE TRIGGER {trigger} AFTER INSERT ON {feed}
+    REFERENCING NEW TABLE AS {new_table} FOR EACH STATEMENT EXECUTE FUNCTION {function}()
 
 -- name: replay_stream_events
 -- How many events the streams in ids have (up to as_of): a swap or an as-of

@@ -34,7 +34,10 @@ NIL_ID = UUID(int=0)
 
 @dataclass(frozen=True)
 class Projection:
-    """A table of the read model that the fold writes and replay compares and swaps."""
+    """A table of the read model that a fold on the log writes and replay compares and swaps.
+
+    A feature that keeps a projection of its own (its fold a statement trigger
+    on events, see replay_fold_triggers) adds its table here."""
 
     table: str
     # Compared in one statement rather than chunk by chunk: a table whose
@@ -129,9 +132,16 @@ def create_scratch_tables(cur, schema: str | None, live: str) -> None:
                              keys=sql.SQL(", ").join(map(sql.Identifier, keys))))
     events = sql.Identifier(live, "events")
     if schema is None:
-        cur.execute(template("replay_temp_feed_table", feed=sql.Identifier(FEED_TABLE), events=events))
+        feed = sql.Identifier(FEED_TABLE)
+        cur.execute(template("replay_temp_feed_table", feed=feed, events=events))
     else:
-        cur.execute(template("replay_feed_table", feed=sql.Identifier(schema, FEED_TABLE), events=events))
+        feed = sql.Identifier(schema, FEED_TABLE)
+        cur.execute(template("replay_feed_table", feed=feed, events=events))
+    cur.execute(q("replay_fold_triggers"), {"events": events.as_string(cur)})
+    for trigger in cur.fetchall():
+        cur.execute(template("replay_feed_trigger", trigger=sql.Identifier(trigger["name"]), feed=feed,
+                             new_table=sql.Identifier(trigger["new_table"]),
+                             function=sql.SQL(trigger["function"])))
 
 
 def fold_into(cur, schema: str | None, live: str, *, first: int, last: int, as_of: int | None = None,
