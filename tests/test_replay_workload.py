@@ -37,6 +37,7 @@ from qforge.projections import replay
 from qforge.projections.asof import job_as_of, workflow_as_of
 from qforge.projections.jobs import get_job
 from qforge.projections.workflows import get_workflow
+from tests.conftest import ORACLE_SQL
 
 from qforge.commands.workers import release
 
@@ -363,6 +364,16 @@ def test_randomized_workload_replays_to_exactly_the_live_projections(db_url, bac
 
         assert verified_while_running == [[], []]
         assert replay.verify(main, chunk_positions=5_000) == []
+        # ... and every row is what the row-by-row oracle folds from its stream.
+        main.execute(sql.SQL(ORACLE_SQL.read_text()))  # type: ignore[arg-type]
+        with main.cursor() as cur:
+            for table, fold in (("jobs", "oracle_job_fold"), ("workflows", "oracle_workflow_fold")):
+                cur.execute(sql.SQL(
+                    "SELECT count(*), count(*) FILTER (WHERE to_jsonb(l) <> to_jsonb(f.folded)) FROM {} l,"
+                    " LATERAL (SELECT {}(e ORDER BY e.version) AS folded FROM events e"
+                    "          WHERE e.stream_id = l.id) f").format(sql.Identifier(table), sql.Identifier(fold)))
+                rows, unlike = cur.fetchone()
+                assert rows > 0 and unlike == 0, (table, unlike)
         built = replay.rebuild(main, chunk_positions=5_000)
         with main.cursor() as cur:
             for table in ("jobs", "workflows", "execution_tags"):
