@@ -9,42 +9,68 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- name: history_events
--- Enqueued, Claimed, Succeeded of jobs lo .. hi-1, as the commands write them.
-INSERT INTO events (stream_type, stream_id, version, type, data, tags, occurred_at, actor)
-SELECT 'job', g.id, v.version, v.type, v.data, '{}'::jsonb, g.created + v.after, 'bench-history'
-  FROM (SELECT i, bench_history_id(%(base_ms)s + i, i) AS id,
-               to_timestamp((%(base_ms)s + i) / 1000.0) AS created
-          FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) AS i) g
- CROSS JOIN LATERAL (VALUES
-        (1, 'Enqueued', jsonb_build_object('task', 'bench_noop', 'queue', 'default', 'priority', 0,
-                                           'max_retries', 3, 'run_at', g.created,
-                                           'payload', '{}'::jsonb, 'status', 'pending'),
-         interval '0'),
-        (2, 'Claimed', jsonb_build_object('attempt', 1, 'worker', 'bench-history'), interval '1 ms'),
-        (3, 'Succeeded', '{"attempt": 1, "result": null}'::jsonb, interval '2 ms')
-       ) AS v(version, type, data, after)
-
--- name: history_jobs
--- The rows those events fold to (checked against job_fold on a sample).
+-- Enqueued, Claimed, Succeeded of jobs lo .. hi-1, as the commands write them
+-- (compact data, no tags, each event hash-chained to the one before it), and
+-- the rows those events fold to (checked against the fold on a sample).
+WITH g AS (
+    SELECT i, bench_history_id(%(base_ms)s + i, i) AS id,
+           to_timestamp((%(base_ms)s + i) / 1000.0) AS created
+      FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) AS i
+), h1 AS (
+    SELECT g.*, event_hash(NULL, 'job', g.id, 1, 'Enqueued', 1::smallint, '{"task": "bench_noop"}', NULL,
+                           NULL, g.created, 'bench-history') AS h1
+      FROM g
+), h2 AS (
+    SELECT h1.*, event_hash(h1.h1, 'job', h1.id, 2, 'Claimed', 1::smallint, '{"attempt": 1}', NULL, NULL,
+                            h1.created + interval '1 ms', 'bench-history') AS h2
+      FROM h1
+), written AS (
+    INSERT INTO events (stream_type, stream_id, version, type, data, occurred_at, actor, hash)
+    SELECT 'job', h2.id, v.version, v.type, v.data, h2.created + v.after, 'bench-history', v.hash
+      FROM h2
+     CROSS JOIN LATERAL (VALUES
+            (1, 'Enqueued', '{"task": "bench_noop"}'::jsonb, interval '0', h2.h1),
+            (2, 'Claimed', '{"attempt": 1}'::jsonb, interval '1 ms', h2.h2),
+            (3, 'Succeeded', '{"attempt": 1}'::jsonb, interval '2 ms',
+             event_hash(h2.h2, 'job', h2.id, 3, 'Succeeded', 1::smallint, '{"attempt": 1}', NULL, NULL,
+                        h2.created + interval '2 ms', 'bench-history'))
+           ) AS v(version, type, data, after, hash)
+     ORDER BY h2.i, v.version
+    RETURNING stream_id, version, position, hash, occurred_at
+)
 INSERT INTO jobs (id, version, task, queue, status, priority, attempts, free_attempts, max_retries,
                   run_at, timeout_seconds, payload, result, last_error, tags, idempotency_key,
                   workflow_id, step, step_type, depends_on, condition, on_failure, sleep_seconds,
-                  worker, heartbeat_at, started_at, finished_at, created_at, updated_at)
-SELECT g.id, 3, 'bench_noop', 'default', 'succeeded', 0, 1, 0, 3,
-       g.created, NULL, '{}'::jsonb, 'null'::jsonb, NULL, '{}'::jsonb, NULL,
+                  worker, heartbeat_at, started_at, finished_at, created_at, updated_at,
+                  last_position, chain)
+SELECT w.stream_id, 3, 'bench_noop', 'default', 'succeeded', 0, 1, 0, 3,
+       w.occurred_at - interval '2 ms', NULL, '{}'::jsonb, 'null'::jsonb, NULL, '{}'::jsonb, NULL,
        NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       'bench-history', g.created + interval '1 ms', g.created + interval '1 ms',
-       g.created + interval '2 ms', g.created, g.created + interval '2 ms'
-  FROM (SELECT i, bench_history_id(%(base_ms)s + i, i) AS id,
-               to_timestamp((%(base_ms)s + i) / 1000.0) AS created
-          FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) AS i) g
+       'bench-history', w.occurred_at - interval '1 ms', w.occurred_at - interval '1 ms',
+       w.occurred_at, w.occurred_at - interval '2 ms', w.occurred_at, w.position, w.hash
+  FROM written w
+ WHERE w.version = 3
+
+-- name: history_partitions
+-- Partitions for every position the history takes (the monitor's duty, done
+-- once here, before the writers start).
+WITH wanted AS (
+    UPDATE log_settings SET partitions_ahead = greatest(partitions_ahead, %(positions)s / partition_size + 2)
+    RETURNING partitions_ahead
+)
+SELECT log_maintain() FROM wanted
+
+-- name: history_counts
+-- The counters the skipped triggers would have kept.
+INSERT INTO queue_counts AS c (queue, status, n)
+SELECT queue, status, count(*) FROM jobs GROUP BY queue, status
+ON CONFLICT (queue, status) DO UPDATE SET n = excluded.n
 
 -- name: history_id
 SELECT bench_history_id(%(ms)s, %(n)s)
 
--- name: history_check_sample
--- The fold of a sample of generated streams must equal their rows.
-SELECT count(*) FILTER (WHERE f IS DISTINCT FROM j), count(*)
-  FROM jobs j,
-       LATERAL (SELECT job_fold(e ORDER BY e.version) AS f FROM events e WHERE e.stream_id = j.id) x
- WHERE j.id = ANY(%(ids)s::uuid[])
+-- name: history_sizes
+-- Bytes of the log (its partitions, with their indexes) and of jobs.
+SELECT (SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0) FROM pg_inherits
+         WHERE inhparent = 'events'::regclass)::bigint AS events_bytes,
+       pg_total_relation_size('jobs') AS jobs_bytes

@@ -374,7 +374,8 @@ def test_randomized_workload_replays_to_exactly_the_live_projections(db_url, bac
                     "          WHERE e.stream_id = l.id) f").format(sql.Identifier(table), sql.Identifier(fold)))
                 rows, unlike = cur.fetchone()
                 assert rows > 0 and unlike == 0, (table, unlike)
-        built = replay.rebuild(main, chunk_positions=5_000)
+        built = replay.rebuild(main, chunk_positions=5_000, url=db_url, parallel=2)
+        assert built.folders == 2
         with main.cursor() as cur:
             for table in ("jobs", "workflows", "execution_tags"):
                 cur.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from datetime import datetime
 
@@ -12,6 +13,10 @@ from qforge.cli.progress import ProgressPrinter
 from qforge.db import EmbeddedPostgresError, connect, resolve_database_url
 from qforge.projections.replay import (SCRATCH_SCHEMA, ReplayError, position_at, rebuild, replay,
                                        status_counts, verify_report)
+
+# Connections that fold at once: the streams are independent and a rebuild is CPU-bound in
+# the database, so one per core (of this machine: the usual case is a database beside it).
+FOLDERS = max(1, min(4, os.cpu_count() or 1))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
             if args.verify:
                 return _cli_verify(conn)
             if as_of is not None or as_of_time is not None:
-                return _cli_as_of(conn, as_of, as_of_time)
-            return _cli_replay(conn)
+                return _cli_as_of(conn, as_of, as_of_time, url)
+            return _cli_replay(conn, url)
     except (EmbeddedPostgresError, psycopg.Error, ReplayError) as exc:
         print(f"qforge replay: {exc}", file=sys.stderr)
         return 2
@@ -56,9 +61,10 @@ def _cli_verify(conn) -> int:
     return 0
 
 
-def _cli_as_of(conn, as_of: int | None, as_of_time: datetime | None) -> int:
+def _cli_as_of(conn, as_of: int | None, as_of_time: datetime | None, url: str) -> int:
     position = as_of if as_of is not None else position_at(conn, as_of_time)
-    stats = rebuild(conn, SCRATCH_SCHEMA, position, progress=ProgressPrinter("replay"))
+    stats = rebuild(conn, SCRATCH_SCHEMA, position, progress=ProgressPrinter("replay"), url=url,
+                    parallel=FOLDERS)
     moment = f" (time {as_of_time.isoformat()})" if as_of_time is not None else ""
     print(f"state as of position {position}{moment}: {stats.events:,} events folded in"
           f" {stats.seconds:.1f} s into schema {stats.schema}"
@@ -69,8 +75,8 @@ def _cli_as_of(conn, as_of: int | None, as_of_time: datetime | None) -> int:
     return 0
 
 
-def _cli_replay(conn) -> int:
-    built, swapped = replay(conn, SCRATCH_SCHEMA, progress=ProgressPrinter("replay"))
+def _cli_replay(conn, url: str) -> int:
+    built, swapped = replay(conn, SCRATCH_SCHEMA, progress=ProgressPrinter("replay"), url=url, parallel=FOLDERS)
     print(f"rebuilt {built.events:,} events up to position {built.last_position} in"
           f" {built.seconds:.1f} s ({built.events_per_second:,.0f} events/s) into schema"
           f" {built.schema}")

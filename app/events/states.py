@@ -151,6 +151,51 @@ def targets_document() -> dict[str, dict[str, str]]:
     return document
 
 
+def effects_document() -> dict[str, dict[str, str]]:
+    """{machine: {"Event/wanted": new status}}: where an event leads whatever status it
+    comes from. Events that keep the status (Heartbeat, a Failed before its Retried) are
+    absent. The set-based fold relies on every event being one or the other."""
+    document: dict[str, dict[str, str]] = {}
+    for machine, table in MACHINES.items():
+        effects = document.setdefault(machine, {})
+        by_event: dict[str, set[tuple[str, str]]] = {}
+        for (source, event_type), target in table.items():
+            for to in [target] if isinstance(target, str) else sorted(target):
+                by_event.setdefault(event_type, set()).add((source, to))
+        for event_type, pairs in by_event.items():
+            if all(source == to for source, to in pairs):
+                continue  # keeps the status
+            if any(source == to for source, to in pairs):
+                raise ValueError(f"{machine} event {event_type} both keeps and changes the status")
+            targets = {to for _, to in pairs}
+            choice = any(not isinstance(table[(s, event_type)], str)
+                         for (s, e) in table if e == event_type)
+            if not choice and len(targets) != 1:
+                raise ValueError(f"{machine} event {event_type} leads to several statuses by its source")
+            for to in targets:
+                effects[f"{event_type}/{to}"] = to
+            if not choice:
+                effects[f"{event_type}/"] = next(iter(targets))
+    return document
+
+
+def allowed_document() -> dict[str, dict[str, list[str]]]:
+    """{machine: {status: ["Event/wanted", ...]}}: what may happen from each status ("" a
+    new stream), keyed as in effects_document, for a one-operator check (jsonb ?&)."""
+    document: dict[str, dict[str, list[str]]] = {}
+    for machine, targets in targets_document().items():
+        allowed = document.setdefault(machine, {})
+        for key in targets:
+            source, event_wanted = key.split("/", 1)
+            allowed.setdefault(source, []).append(event_wanted)
+    return {m: {s: sorted(keys) for s, keys in a.items()} for m, a in document.items()}
+
+
+def status_codes() -> list[str]:
+    """Every status in a fixed order: the fold codes a status as its 1-based index here."""
+    return sorted(statuses("job") | statuses("workflow"))
+
+
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -165,6 +210,9 @@ def state_machine_definition() -> str:
     """
     document = json.dumps(as_document(), sort_keys=True)
     targets = json.dumps(targets_document(), sort_keys=True)
+    effects = json.dumps(effects_document(), sort_keys=True)
+    allowed = json.dumps(allowed_document(), sort_keys=True)
+    codes = "ARRAY[" + ", ".join(_literal(s) for s in status_codes()) + "]::text[]"
     values = ",\n".join(f"    ({', '.join(_literal(v) for v in row)})" for row in sorted(rows()))
     return (
         "-- Generated from qforge.events.states: the state machine.\n"
@@ -172,6 +220,12 @@ def state_machine_definition() -> str:
         f"AS $$ SELECT {_literal(document)}::jsonb $$;\n"
         "CREATE OR REPLACE FUNCTION state_targets() RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE\n"
         f"AS $$ SELECT {_literal(targets)}::jsonb $$;\n"
+        "CREATE OR REPLACE FUNCTION state_effects() RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE\n"
+        f"AS $$ SELECT {_literal(effects)}::jsonb $$;\n"
+        "CREATE OR REPLACE FUNCTION state_allowed() RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE\n"
+        f"AS $$ SELECT {_literal(allowed)}::jsonb $$;\n"
+        "CREATE OR REPLACE FUNCTION state_codes() RETURNS text[] LANGUAGE sql IMMUTABLE PARALLEL SAFE\n"
+        f"AS $$ SELECT {codes} $$;\n"
         "DELETE FROM state_transitions;\n"
         "INSERT INTO state_transitions (machine, from_status, event_type, to_status) VALUES\n"
         f"{values};\n"

@@ -15,34 +15,19 @@ SELECT coalesce(min(position), 1) AS first_position, coalesce(max(position), 0) 
 -- The fold writes to the tables it finds first: the scratch ones.
 SELECT set_config('search_path', %(path)s, true)
 
--- name: replay_chunk_create
--- One chunk of the log at a time, each event with its rank in its stream
--- within the chunk: the fold takes rank 1 of every stream at once, then rank
--- 2, ... (each a set with one event per stream), so a stream with many events
--- costs one small statement per event instead of a pass over the chunk.
-CREATE TEMP TABLE IF NOT EXISTS replay_chunk (rk integer NOT NULL, e events NOT NULL) ON COMMIT DROP;
-CREATE INDEX IF NOT EXISTS replay_chunk_rk ON pg_temp.replay_chunk (rk)
-
--- name: replay_chunk_clear
-TRUNCATE pg_temp.replay_chunk
-
--- name: replay_chunk_load
--- The events of [lo, hi) (up to as_of), or of the streams in ids (NULL: all).
-WITH loaded AS (
-    INSERT INTO pg_temp.replay_chunk (rk, e)
-    SELECT row_number() OVER (PARTITION BY e.stream_id ORDER BY e.version), e
-      FROM events e
-     WHERE e.position >= %(lo)s AND e.position < %(hi)s
-       AND (%(as_of)s::bigint IS NULL OR e.position <= %(as_of)s)
-       AND (%(ids)s::uuid[] IS NULL OR e.stream_id = ANY(%(ids)s::uuid[]))
-    RETURNING rk
-)
-SELECT count(*) AS events, coalesce(max(rk), 0) AS ranks FROM loaded
-
--- name: replay_chunk_fold
--- One rank of the chunk into the feed table, whose events_project trigger
--- folds it: the statement the log's own trigger runs on every append.
-INSERT INTO {feed} SELECT (c.e).* FROM pg_temp.replay_chunk c WHERE c.rk = %(rk)s ORDER BY (c.e).position
+-- name: replay_feed_load
+-- One chunk of the log, in position order, into the feed: its fold triggers
+-- fold it as they fold a statement's appends (a stream with several events in
+-- the chunk takes one round per event). Only the streams in ids (NULL: all),
+-- or one share of the streams (parts NULL: all; a parallel replay splits the
+-- streams by a byte of their random id).
+INSERT INTO {feed}
+SELECT e.* FROM events e
+ WHERE e.position >= %(lo)s AND e.position < %(hi)s
+   AND (%(as_of)s::bigint IS NULL OR e.position <= %(as_of)s)
+   AND (%(ids)s::uuid[] IS NULL OR e.stream_id = ANY(%(ids)s::uuid[]))
+   AND (%(parts)s::integer IS NULL OR get_byte(uuid_send(e.stream_id), 15) %% %(parts)s = %(part)s)
+ ORDER BY e.position
 
 -- name: replay_feed_clear
 TRUNCATE {feed}
@@ -267,3 +252,10 @@ SELECT * FROM pg_temp.workflows WHERE id = %(id)s
 
 -- name: asof_workflow_steps
 SELECT * FROM pg_temp.jobs WHERE workflow_id = %(id)s ORDER BY created_at, step
+
+-- name: replay_export_snapshot
+-- A parallel rebuild's folders all read the snapshot of its first transaction.
+SELECT pg_export_snapshot() AS id
+
+-- name: replay_import_snapshot
+SET TRANSACTION SNAPSHOT {id}

@@ -116,9 +116,10 @@ def columns_of(cur, table: str) -> tuple[list[str], list[str]]:
     return keys, [row["name"] for row in rows if not row["is_key"]]
 
 
-def create_scratch_tables(cur, schema: str | None, live: str) -> None:
+def create_scratch_tables(cur, schema: str | None, live: str, *, feeds: int = 1) -> None:
     """Empty copies of the projections (of schema `live`), with their primary keys:
-    unlogged tables in `schema`, or (None) temporary tables that end with the transaction."""
+    unlogged tables in `schema`, or (None) temporary tables that end with the transaction;
+    and `feeds` feed tables carrying the log's fold triggers."""
     for projection in PROJECTIONS:
         source = sql.Identifier(live, projection.table)
         keys, _ = columns_of(cur, source.as_string(cur))
@@ -131,44 +132,50 @@ def create_scratch_tables(cur, schema: str | None, live: str) -> None:
         cur.execute(template("replay_scratch_key", target=target,
                              keys=sql.SQL(", ").join(map(sql.Identifier, keys))))
     events = sql.Identifier(live, "events")
-    if schema is None:
-        feed = sql.Identifier(FEED_TABLE)
-        cur.execute(template("replay_temp_feed_table", feed=feed, events=events))
-    else:
-        feed = sql.Identifier(schema, FEED_TABLE)
-        cur.execute(template("replay_feed_table", feed=feed, events=events))
     cur.execute(q("replay_fold_triggers"), {"events": events.as_string(cur)})
-    for trigger in cur.fetchall():
-        cur.execute(template("replay_feed_trigger", trigger=sql.Identifier(trigger["name"]), feed=feed,
-                             new_table=sql.Identifier(trigger["new_table"]),
-                             function=sql.SQL(trigger["function"])))
+    triggers = cur.fetchall()
+    for n in range(feeds):
+        name = feed_name(n)
+        if schema is None:
+            feed = sql.Identifier(name)
+            cur.execute(template("replay_temp_feed_table", feed=feed, events=events))
+        else:
+            feed = sql.Identifier(schema, name)
+            cur.execute(template("replay_feed_table", feed=feed, events=events))
+        for trigger in triggers:
+            cur.execute(template("replay_feed_trigger", trigger=sql.Identifier(trigger["name"]), feed=feed,
+                                 new_table=sql.Identifier(trigger["new_table"]),
+                                 function=sql.SQL(trigger["function"])))
+
+
+def feed_name(n: int) -> str:
+    """The feed table of a replay's n-th folder."""
+    return FEED_TABLE if n == 0 else f"{FEED_TABLE}_{n}"
 
 
 def fold_into(cur, schema: str | None, live: str, *, first: int, last: int, as_of: int | None = None,
-              ids: list[UUID] | None = None, total: int = 0, progress: Progress | None = None,
-              chunk_positions: int = CHUNK_POSITIONS) -> int:
+              ids: list[UUID] | None = None, share: tuple[int, int] | None = None, total: int = 0,
+              progress: Progress | None = None, chunk_positions: int = CHUNK_POSITIONS,
+              feed_table: str = FEED_TABLE) -> int:
     """Fold the events at positions first..last (and up to as_of; only the streams in
-    ids, when given) into the scratch tables of `schema` (None: this transaction's
-    temporary ones). Returns the events folded. The search path stays pointed at the
-    scratch tables until the transaction ends: keep the live tables schema-qualified
-    (or use another transaction) after this."""
+    ids, or share = (part, parts) of the streams, when given) into the scratch tables of
+    `schema` (None: this transaction's temporary ones). Returns the events folded. The
+    search path stays pointed at the scratch tables until the transaction ends: keep the
+    live tables schema-qualified (or use another transaction) after this."""
     scratch = "pg_temp" if schema is None else schema
-    feed = sql.Identifier(scratch, FEED_TABLE)
+    feed = sql.Identifier(scratch, feed_table)
     cur.execute(q("replay_search_path"), {"path": f"{sql.Identifier(scratch).as_string(cur)}, "
                                                   f"{sql.Identifier(live).as_string(cur)}"})
-    cur.execute(q("replay_chunk_create"))
-    fold_rank = template("replay_chunk_fold", feed=feed)
+    load = template("replay_feed_load", feed=feed)
+    clear = template("replay_feed_clear", feed=feed)
+    part, parts = share if share is not None else (None, None)
     folded = 0
     lo = first
     while lo <= last:
         hi = last + 1 if ids is not None else min(lo + chunk_positions, last + 1)
-        cur.execute(q("replay_chunk_clear"))
-        cur.execute(template("replay_feed_clear", feed=feed))
-        cur.execute(q("replay_chunk_load"), {"lo": lo, "hi": hi, "as_of": as_of, "ids": ids})
-        loaded = cur.fetchone()
-        for rank in range(1, loaded["ranks"] + 1):
-            cur.execute(fold_rank, {"rk": rank})
-        folded += loaded["events"]
+        cur.execute(clear)
+        cur.execute(load, {"lo": lo, "hi": hi, "as_of": as_of, "ids": ids, "part": part, "parts": parts})
+        folded += cur.rowcount
         if progress is not None:
             progress(folded, total)
         lo = hi

@@ -1,17 +1,24 @@
-"""Rebuild: fold the log (or its prefix up to a position) into fresh copies of the projections in a scratch schema."""
+"""Rebuild: fold the log (or its prefix up to a position) into fresh copies of the projections in a scratch schema.
+
+The streams are independent, so several connections can fold at once, each
+its share of the streams in position order, all reading one exported snapshot
+of the log: the rebuild is the state of that one snapshot.
+"""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
 from qforge.projections.replay.common import (CHUNK_POSITIONS, META_TABLE, PROJECTIONS, REPLAY_LOCK_KEY,
-                                              SCRATCH_SCHEMA, Progress, create_scratch_tables, fold_into,
-                                              live_schema, refuse_live_schema, require_idle,
+                                              SCRATCH_SCHEMA, Progress, create_scratch_tables, feed_name,
+                                              fold_into, live_schema, refuse_live_schema, require_idle,
                                               scratch_names, template)
 from qforge.sql import q
 
@@ -24,6 +31,7 @@ class RebuildStats:
     events: int
     rows: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    folders: int = 1  # connections that folded at once
 
     @property
     def events_per_second(self) -> float:
@@ -31,46 +39,108 @@ class RebuildStats:
 
 
 def rebuild(conn, schema: str = SCRATCH_SCHEMA, as_of_position: int | None = None, *,
-            progress: Progress | None = None, chunk_positions: int = CHUNK_POSITIONS) -> RebuildStats:
+            progress: Progress | None = None, chunk_positions: int = CHUNK_POSITIONS,
+            url: str | None = None, parallel: int = 1) -> RebuildStats:
     """Fold the log (up to as_of_position) into fresh copies of the projections in `schema`.
 
-    One REPEATABLE READ transaction: the rebuild is the state of one snapshot,
-    which is recorded in the schema so that swap() knows what came after.
-    `conn` must not be inside a transaction.
+    `parallel` > 1 (with the database `url`) folds with that many connections at
+    once. `conn` must not be inside a transaction (a rebuild runs several).
     """
     require_idle(conn)
+    folders = parallel if url and parallel > 1 else 1
     started = time.monotonic()
     names = scratch_names(schema)
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(q("replay_repeatable_read"))
-        refuse_live_schema(cur, schema)
-        live = live_schema(cur)
-        cur.execute(q("replay_work_mem"))
-        cur.execute(q("replay_snapshot"))
-        snapshot = cur.fetchone()["snapshot"]
-        # Waiting here for another rebuild or swap is harmless: the snapshot
-        # is taken, and swap() folds whatever came after it.
-        cur.execute(q("replay_lock_scratch"), {"key": REPLAY_LOCK_KEY})
-        cur.execute(q("replay_log_extent"), {"as_of": as_of_position}, prepare=False)
-        extent = cur.fetchone()
-        cur.execute(template("replay_scratch_reset", schema=sql.Identifier(schema)))
-        create_scratch_tables(cur, schema, live)
-        cur.execute(template("replay_scratch_meta", meta=names[META_TABLE]))
-        fold_into(cur, schema, live, first=extent["first_position"], last=extent["last_position"],
-                  as_of=as_of_position, total=extent["events"], progress=progress,
-                  chunk_positions=chunk_positions)
-        stats = RebuildStats(schema, as_of_position, extent["last_position"], extent["events"])
-        for projection in PROJECTIONS:
-            target = names[projection.table]
-            cur.execute(template("replay_scratch_analyze", target=target))
-            cur.execute(template("replay_row_count", target=target))
-            stats.rows[projection.table] = cur.fetchone()["n"]
-        cur.execute(template("replay_scratch_meta_write", meta=names[META_TABLE]), {
-            "snapshot": snapshot, "as_of": as_of_position,
-            "last_position": extent["last_position"], "events": extent["events"],
-        })
+    was_autocommit = conn.autocommit
+    conn.autocommit = True  # several transactions: the scratch tables are committed before the folding
+    conn.execute(q("replay_lock_scratch_session"), {"key": REPLAY_LOCK_KEY})
+    try:
+        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            refuse_live_schema(cur, schema)
+            live = live_schema(cur)
+            cur.execute(template("replay_scratch_reset", schema=sql.Identifier(schema)))
+            create_scratch_tables(cur, schema, live, feeds=folders)
+            cur.execute(template("replay_scratch_meta", meta=names[META_TABLE]))
+        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(q("replay_repeatable_read"))
+            cur.execute(q("replay_work_mem"))
+            cur.execute(q("replay_export_snapshot"))
+            exported = cur.fetchone()["id"]
+            cur.execute(q("replay_snapshot"))
+            snapshot = cur.fetchone()["snapshot"]
+            cur.execute(q("replay_log_extent"), {"as_of": as_of_position}, prepare=False)
+            extent = cur.fetchone()
+            done = [0] * folders
+            report = _Progress(progress, done, extent["events"])
+
+            def fold(cursor, n: int) -> None:
+                fold_into(cursor, schema, live, first=extent["first_position"], last=extent["last_position"],
+                          as_of=as_of_position, share=(n, folders) if folders > 1 else None,
+                          chunk_positions=chunk_positions, feed_table=feed_name(n),
+                          progress=lambda count, _total: report(n, count))
+
+            helpers = [_Folder(url, exported, n, fold) for n in range(1, folders)]
+            for helper in helpers:
+                helper.start()
+            try:
+                fold(cur, 0)
+            finally:
+                for helper in helpers:
+                    helper.join()
+            for helper in helpers:
+                if helper.error is not None:
+                    raise helper.error
+            cur.execute(template("replay_scratch_meta_write", meta=names[META_TABLE]), {
+                "snapshot": snapshot, "as_of": as_of_position,
+                "last_position": extent["last_position"], "events": extent["events"],
+            })
+        stats = RebuildStats(schema, as_of_position, extent["last_position"], extent["events"], folders=folders)
+        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            for projection in PROJECTIONS:
+                target = names[projection.table]
+                cur.execute(template("replay_scratch_analyze", target=target))
+                cur.execute(template("replay_row_count", target=target))
+                stats.rows[projection.table] = cur.fetchone()["n"]
+    finally:
+        if not conn.closed:
+            conn.execute(q("replay_unlock_scratch_session"), {"key": REPLAY_LOCK_KEY})
+            conn.autocommit = was_autocommit
     stats.seconds = time.monotonic() - started
     return stats
+
+
+class _Progress:
+    """Sums the folders' counts for one progress callback (called from several threads)."""
+
+    def __init__(self, progress: Progress | None, done: list[int], total: int):
+        self.progress, self.done, self.total = progress, done, total
+        self.lock = threading.Lock()
+
+    def __call__(self, folder: int, count: int) -> None:
+        if self.progress is None:
+            return
+        with self.lock:
+            self.done[folder] = count
+            self.progress(sum(self.done), self.total)
+
+
+class _Folder(threading.Thread):
+    """One more connection folding its share of the streams, in the exported snapshot."""
+
+    def __init__(self, url: str, snapshot: str, n: int, fold):
+        super().__init__(name=f"qforge-replay-{n}", daemon=True)
+        self.url, self.snapshot, self.n, self.fold = url, snapshot, n, fold
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+                    cur.execute(q("replay_repeatable_read"))
+                    cur.execute(template("replay_import_snapshot", id=sql.Literal(self.snapshot)))
+                    cur.execute(q("replay_work_mem"))
+                    self.fold(cur, self.n)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the rebuild's own thread
+            self.error = exc
 
 
 def position_at(conn, moment: datetime) -> int:

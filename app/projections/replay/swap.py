@@ -81,10 +81,11 @@ def _swap(conn, schema: str, lock_timeout: float, give_up_after: float) -> SwapS
         return stats
 
 
-def replay(conn, schema: str = SCRATCH_SCHEMA, *,
-           progress: Progress | None = None) -> tuple[RebuildStats, SwapStats]:
-    """`qforge replay`: rebuild the whole log, then swap the rebuild in."""
-    built = rebuild(conn, schema, progress=progress)
+def replay(conn, schema: str = SCRATCH_SCHEMA, *, progress: Progress | None = None,
+           url: str | None = None, parallel: int = 1) -> tuple[RebuildStats, SwapStats]:
+    """`qforge replay`: rebuild the whole log (with `parallel` connections to `url`), then swap
+    the rebuild in."""
+    built = rebuild(conn, schema, progress=progress, url=url, parallel=parallel)
     return built, swap(conn, schema)
 
 
