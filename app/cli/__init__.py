@@ -82,6 +82,19 @@ def _replay_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _token_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    create = actions.add_parser("create", help="make a token and print it (once; only its hash is kept)")
+    create.add_argument("name", help="the token's name: the actor of every event written with it")
+    create.add_argument("--scope", required=True, choices=["read", "operate", "admin"],
+                        help="read: every GET and the stream; operate: also enqueue, submit, cancel,"
+                             " retry, trigger; admin: everything, tokens included")
+    listing = actions.add_parser("list", help="list active tokens")
+    listing.add_argument("--all", action="store_true", help="revoked ones too")
+    revoke = actions.add_parser("revoke", help="revoke a token (refused at once by every API process)")
+    revoke.add_argument("name")
+
+
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-url", default="http://127.0.0.1:8090", help="the running API to talk to")
 
@@ -95,6 +108,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("worker", "run a worker pool", "worker", _worker_arguments),
     Subcommand("monitor", "recover stale jobs, fire timers and trigger timeouts", "monitor"),
     Subcommand("replay", "rebuild the projections from the event log", "replay", _replay_arguments),
+    Subcommand("token", "create, list and revoke API tokens", "token", _token_arguments),
     Subcommand("demo", "enqueue sample jobs and a DAG workflow against a running API", "demo",
                _demo_arguments),
 ]
