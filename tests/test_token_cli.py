@@ -87,3 +87,15 @@ def test_the_token_log_chains_and_replay_rebuilds_tokens(db_url: str, conn: psyc
     conn.execute("UPDATE tokens SET scope = 'admin' WHERE name = 'b'")  # tamper with the projection
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as fresh:
         assert [d.table for d in verify(fresh)] == ["tokens"]
+
+
+def test_the_api_refuses_a_public_address_while_no_token_exists(db_url: str, conn: psycopg.Connection) -> None:
+    env = {**os.environ}
+    env.pop("QFORGE_API_TOKEN", None)
+    refused = subprocess.run([sys.executable, "-m", "qforge.cli", "--database-url", db_url, "api",
+                              "--host", "0.0.0.0", "--port", "1"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode == 2 and "refusing to listen on 0.0.0.0" in refused.stderr
+    from qforge.cli.api import is_loopback
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.0.2.1")

@@ -53,6 +53,8 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
 def _api_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="address to listen on (default QFORGE_HOST, 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port to listen on (default QFORGE_PORT, 8090)")
+    parser.add_argument("--insecure-no-auth", action="store_true",
+                        help="listen on a non-loopback address although no token exists (warns on every start)")
 
 
 def _dev_arguments(parser: argparse.ArgumentParser) -> None:
