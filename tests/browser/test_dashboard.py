@@ -344,6 +344,9 @@ def test_the_token_is_asked_once_and_kept_for_the_session(dashboard: Dashboard, 
     assert httpx.get(f"{base}/queues").status_code == 401
 
     page = dashboard.page
+    stream_urls: list[str] = []
+    page.on("request", lambda request: stream_urls.append(request.url)
+            if "/events/stream?" in request.url else None)
     page.goto(f"{base}/#/queues")
     overlay = page.locator("#token-overlay")
     expect(overlay).to_be_visible()
@@ -363,3 +366,5 @@ def test_the_token_is_asked_once_and_kept_for_the_session(dashboard: Dashboard, 
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}) as authorized:
         job_id = enqueue(authorized, task="echo", payload={"via": "token"})
     expect(row(page, job_id, "Succeeded")).to_be_visible(timeout=8_000)
+    # The stream opens with a short-lived ticket: the token never goes into a URL.
+    assert stream_urls and all(token not in url and "ticket=" in url for url in stream_urls)
