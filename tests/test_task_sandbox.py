@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import os
+import subprocess
 import sys
 import threading
 import uuid
@@ -219,3 +221,11 @@ def test_an_allowed_range_admits_its_addresses_only() -> None:
     assert policy.refusal("example.org", ipaddress.ip_address("93.184.216.34")) is None
     with pytest.raises(pydantic.ValidationError):
         Settings(http_allow="10.0.0.0/33")
+
+
+def test_a_worker_refuses_to_start_when_told_to_pass_a_qforge_variable_to_tasks(db_url: str) -> None:
+    env = {**os.environ, "QFORGE_SHELL_ENV_ALLOW": "HTTP_PROXY,QFORGE_DATABASE_URL"}
+    started = subprocess.run([sys.executable, "-m", "qforge.cli", "worker", "--database-url", db_url,
+                              "--allow-shell"], capture_output=True, text=True, timeout=60, env=env)
+    assert started.returncode == 2
+    assert "QFORGE_SHELL_ENV_ALLOW" in started.stderr and "Traceback" not in started.stderr

@@ -6,12 +6,14 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psycopg
 from psycopg.rows import dict_row
 
 from qforge.commands import tokens
+from qforge.commands.errors import Conflict
 from qforge.projections.replay import verify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,3 +101,36 @@ def test_the_api_refuses_a_public_address_while_no_token_exists(db_url: str, con
     from qforge.cli.api import is_loopback
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.0.2.1")
+
+
+def race(db_url: str, command) -> list[str]:
+    """Run `command(conn)` in two threads at once (each its own connection): what each got."""
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def run() -> None:
+        with psycopg.connect(db_url, autocommit=True) as own:
+            barrier.wait()
+            try:
+                command(own)
+                outcomes.append("done")
+            except Conflict:
+                outcomes.append("conflict")
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sorted(outcomes)
+
+
+def test_two_revocations_at_once_write_one_event(db_url: str, conn: psycopg.Connection) -> None:
+    tokens.create_token(conn, "ci", "read", actor="test")
+    assert race(db_url, lambda own: tokens.revoke_token(own, "ci", actor="test")) == ["conflict", "done"]
+    assert conn.execute("SELECT count(*) AS n FROM events WHERE type = 'TokenRevoked'").fetchone()["n"] == 1
+
+
+def test_two_creations_of_one_new_name_at_once_make_one_token(db_url: str, conn: psycopg.Connection) -> None:
+    assert race(db_url, lambda own: tokens.create_token(own, "ci", "read", actor="test")) == ["conflict", "done"]
+    assert conn.execute("SELECT count(*) AS n FROM tokens").fetchone()["n"] == 1

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable, Sequence
 
+from pydantic import ValidationError
+
 from qforge import __version__
 from qforge.settings import get_settings
 
@@ -150,12 +152,16 @@ def _fill_from_settings(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _fill_from_settings(args)
-    handler: Handler = importlib.import_module(f"qforge.cli.{args.module}").run
     try:
+        _fill_from_settings(args)
+        handler: Handler = importlib.import_module(f"qforge.cli.{args.module}").run
         code = handler(args)
     except KeyboardInterrupt:
         return 130
+    except ValidationError as exc:  # a QFORGE_* variable that does not validate
+        problems = "; ".join(f"QFORGE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        print(f"qforge {args.command}: invalid setting: {problems}", file=sys.stderr)
+        return 2
     return int(code or 0)
 
 

@@ -88,6 +88,10 @@ function matches(event, filters) {
 }
 
 function executionCell(event) {
+  if (event.stream_type === "token") { // an API token made or revoked: no page of its own
+    return h("td", { class: "exec" },
+      h("span", { class: "kind" }, "token"), " ", (event.data && event.data.name) || shortId(event.stream_id));
+  }
   if (event.stream_type === "workflow") {
     const name = workflowName(event.stream_id) || (event.data && event.data.name);
     return h("td", { class: "exec" },
