@@ -245,6 +245,28 @@ def test_tag_search_finds_jobs_and_workflows_carrying_every_tag(dashboard: Dashb
     dashboard.assert_clean()
 
 
+def test_the_timeline_and_the_search_filter_by_who_wrote_the_events(dashboard: Dashboard, api: httpx.Client):
+    page = dashboard.open("/timeline?actor=browser-worker")
+    job_id = enqueue(api, task="echo", tags={"who": "by-actor"})  # written by "anonymous"
+    expect(row(page, job_id, "Claimed")).to_be_visible(timeout=8_000)
+    expect(row(page, job_id, "Claimed").locator("td.actor")).to_have_text("browser-worker")
+    expect(row(page, job_id, "Enqueued")).to_have_count(0)
+    page.fill("#filter-actor", "anonymous")
+    expect(row(page, job_id, "Enqueued")).to_be_visible()
+    expect(row(page, job_id, "Claimed")).to_have_count(0)
+    assert "actor=anonymous" in page.url
+
+    page = dashboard.open("/search")
+    page.fill("#tag-search", "who:by-actor")
+    page.fill("#actor-search", "nobody")
+    page.press("#tag-search", "Enter")
+    expect(page.locator("#search-results")).to_contain_text("No job or workflow")
+    page.fill("#actor-search", "anonymous")
+    page.press("#tag-search", "Enter")
+    expect(page.locator(f"#search-results tr.result[data-id='{job_id}']")).to_be_visible()
+    dashboard.assert_clean()
+
+
 def test_markup_in_payloads_tags_and_names_is_shown_as_text_and_runs_nothing(
         dashboard: Dashboard, api: httpx.Client):
     page = dashboard.open()
