@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import ipaddress
+
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -26,13 +28,51 @@ class Settings(BaseSettings):
     # Python logging level of the long-running processes (worker, monitor).
     log_level: str = "INFO"
 
-    # When set, the API requires "Authorization: Bearer <token>" (except /healthz).
+    # One admin token named `api-token` (besides those of `qforge token create`).
     api_token: str | None = None
     # Where `qforge archive` writes segments when --to is not given.
     archive_dir: str | None = None
+    # GET /events/stream also takes ?token= (puts the secret in URLs and access
+    # logs: tickets from POST /events/stream-ticket are the way).
+    stream_query_token: bool = False
+    stream_ticket_seconds: int = Field(default=60, ge=1, le=3600)
+
+    # What a task can see and reach (issue 19). Comma-separated.
+    # Variables of the worker a shell step may see besides PATH, HOME, LANG, TZ.
+    shell_env_allow: str = ""
+    shell_max_memory_mb: int | None = Field(default=None, gt=0)
+    shell_max_cpu_seconds: int | None = Field(default=None, gt=0)
+    # Hosts and CIDR ranges an http step may call besides public addresses.
+    http_allow: str = ""
     max_body_bytes: int = Field(default=1_048_576, gt=0)
     host: str = "127.0.0.1"
     port: int = Field(default=8090, ge=0, le=65535)
+
+    @field_validator("shell_env_allow")
+    @classmethod
+    def _no_server_secrets(cls, value: str) -> str:
+        names = [name.strip() for name in value.split(",") if name.strip()]
+        refused = [name for name in names if name.upper().startswith("QFORGE_")]
+        if refused:
+            raise ValueError(f"QFORGE_* variables are the server's own and never reach a task: {refused}")
+        return ",".join(names)
+
+    @field_validator("http_allow")
+    @classmethod
+    def _hosts_or_ranges(cls, value: str) -> str:
+        entries = [entry.strip() for entry in value.split(",") if entry.strip()]
+        for entry in entries:
+            if "/" in entry:
+                ipaddress.ip_network(entry, strict=False)  # ValueError names it
+        return ",".join(entries)
+
+    @property
+    def shell_env_names(self) -> list[str]:
+        return [name for name in self.shell_env_allow.split(",") if name]
+
+    @property
+    def http_allow_list(self) -> list[str]:
+        return [entry for entry in self.http_allow.split(",") if entry]
 
 
 def get_settings() -> Settings:

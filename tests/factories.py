@@ -53,7 +53,7 @@ def append_raw(conn, stream_type: str, stream_id: UUID, version: int, event_type
                actor: str = "test") -> None:
     """Append one event by hand, as a writer that bypasses the commands would: chained to its
     stream's head like every append, but with no guard of its own (the fold's checks remain)."""
-    table = "jobs" if stream_type == "job" else "workflows"
+    table = {"job": "jobs", "workflow": "workflows", "token": "tokens"}[stream_type]
     conn.execute(
         "INSERT INTO events (stream_type, stream_id, version, type, schema_version, data, tags,"
         "                    occurred_at, actor, hash)"

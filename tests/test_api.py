@@ -484,7 +484,7 @@ def test_dashboard_and_favicon_are_served(api):
 
 
 def test_token_guards_every_route_but_healthz_and_the_dashboard(db_url):
-    for client in serve(db_url, api_token="s3cret"):
+    for client in serve(db_url, api_token="s3cret", stream_query_token=True):
         assert_error(client.get("/jobs"), 401, "Bearer")
         assert_error(client.post("/jobs", json={"task": "echo"}), 401)
         assert_error(client.get("/jobs", headers={"Authorization": "Bearer wrong"}), 401)

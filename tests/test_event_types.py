@@ -20,10 +20,11 @@ T0 = datetime(2031, 1, 1, tzinfo=timezone.utc)
 
 
 def test_models_state_machine_and_dashboard_name_the_same_event_types() -> None:
-    for machine, stream_types in (("job", ev.JOB_EVENT_TYPES), ("workflow", ev.WORKFLOW_EVENT_TYPES)):
+    assert set(states.MACHINES) == set(ev.STREAM_TYPES)
+    for machine in ev.STREAM_TYPES:
         in_table = {event_type for (_, event_type) in states.MACHINES[machine]}
-        assert in_table == stream_types, machine
-    assert ev.JOB_EVENT_TYPES | ev.WORKFLOW_EVENT_TYPES == ev.EVENT_TYPES == set(ev.EVENT_DATA)
+        assert in_table == {name for name, m in ev.EVENT_DATA.items() if m.stream_type == machine}, machine
+    assert ev.JOB_EVENT_TYPES | ev.WORKFLOW_EVENT_TYPES | ev.TOKEN_EVENT_TYPES == ev.EVENT_TYPES == set(ev.EVENT_DATA)
     assert set(dashboard_states.event_status()) == ev.EVENT_TYPES
     assert set(dashboard_states.COLOURS) >= states.statuses("job") | states.statuses("workflow")
 
@@ -67,6 +68,8 @@ def _data(event_type: str, **overrides) -> ev.EventData:
         "WorkflowSucceeded": {},
         "WorkflowFailed": dict(error="a dead"),
         "WorkflowCancelled": {},
+        "TokenCreated": dict(name="ci", scope="read", sha256="0" * 64),
+        "TokenRevoked": dict(name="ci"),
     }
     return ev.EVENT_DATA[event_type](**{**samples[event_type], **overrides})
 
@@ -90,6 +93,7 @@ JOB_PATHS: list[list[tuple[str, dict]]] = [
 WORKFLOW_PATHS = [[("WorkflowSubmitted", {}), ("WorkflowSucceeded", {})],
                   [("WorkflowSubmitted", {}), ("WorkflowFailed", {})],
                   [("WorkflowSubmitted", {}), ("WorkflowCancelled", {})]]
+TOKEN_PATHS = [[("TokenCreated", {}), ("TokenRevoked", {}), ("TokenCreated", {"scope": "admin"})]]
 
 
 def _insert(conn, stream_id: uuid.UUID, version: int, data: ev.EventData) -> None:
@@ -100,7 +104,8 @@ def _insert(conn, stream_id: uuid.UUID, version: int, data: ev.EventData) -> Non
 
 def test_the_fold_takes_every_transition_to_the_status_python_names(conn: psycopg.Connection) -> None:
     taken: set[tuple[str, str, str]] = set()
-    for machine, paths, table in (("job", JOB_PATHS, "jobs"), ("workflow", WORKFLOW_PATHS, "workflows")):
+    for machine, paths, table in (("job", JOB_PATHS, "jobs"), ("workflow", WORKFLOW_PATHS, "workflows"),
+                                  ("token", TOKEN_PATHS, "tokens")):
         for path in paths:
             stream_id, status = new_id(), None
             for version, (event_type, overrides) in enumerate(path, start=1):
@@ -116,9 +121,9 @@ def test_the_fold_takes_every_transition_to_the_status_python_names(conn: psycop
     assert taken == every
 
 
-@pytest.mark.parametrize("stream_type", ["job", "workflow"])
+@pytest.mark.parametrize("stream_type", ["job", "workflow", "token"])
 def test_the_fold_refuses_an_unknown_event_type(conn: psycopg.Connection, stream_type: str) -> None:
-    first = _data("Enqueued") if stream_type == "job" else _data("WorkflowSubmitted")
+    first = _data({"job": "Enqueued", "workflow": "WorkflowSubmitted", "token": "TokenCreated"}[stream_type])
     stream_id = new_id()
     _insert(conn, stream_id, 1, first)
     with pytest.raises(psycopg.errors.CheckViolation):

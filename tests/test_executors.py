@@ -17,11 +17,18 @@ from pathlib import Path
 import pytest
 
 from qforge.workers.executors import OUTPUT_TAIL_BYTES, TaskError, execute
+from qforge.workers.sandbox import TaskPolicy
 from qforge.workers.tasks import TaskContext, get_task, load_task_modules, task
 
+# The http tests here call a loopback listener of their own (tests/test_task_sandbox.py
+# checks that loopback is refused without this).
+LOOPBACK_ALLOWED = TaskPolicy(http_allow=("127.0.0.1",))
 
-def make_ctx(task_name: str = "t", *, attempt: int = 1, allow_shell: bool = False) -> TaskContext:
-    return TaskContext(job_id=str(uuid.uuid4()), attempt=attempt, task=task_name, allow_shell=allow_shell)
+
+def make_ctx(task_name: str = "t", *, attempt: int = 1, allow_shell: bool = False,
+             policy: TaskPolicy = LOOPBACK_ALLOWED) -> TaskContext:
+    return TaskContext(job_id=str(uuid.uuid4()), attempt=attempt, task=task_name, allow_shell=allow_shell,
+                       policy=policy)
 
 
 def run(task_name: str, payload: dict, **ctx_options) -> object:
@@ -197,10 +204,13 @@ def test_shell_keeps_only_bounded_tails():
     assert result["stderr"] == "b" * OUTPUT_TAIL_BYTES
 
 
-def test_shell_env_extends_the_worker_environment(monkeypatch):
+def test_shell_env_extends_the_allowed_worker_environment(monkeypatch):
     monkeypatch.setenv("QF_INHERITED", "from-worker")
-    result = shell('printf "%s|%s" "$QF_INHERITED" "$QF_GREETING"', env={"QF_GREETING": "hi there"})
-    assert result["stdout"] == "from-worker|hi there"
+    monkeypatch.setenv("QF_HIDDEN", "secret")
+    command = 'printf "%s|%s|%s" "$QF_INHERITED" "$QF_GREETING" "$QF_HIDDEN"'
+    result = run("shell", {"command": command, "env": {"QF_GREETING": "hi there"}}, allow_shell=True,
+                 policy=TaskPolicy(shell_env_allow=("QF_INHERITED",)))
+    assert result["stdout"] == "from-worker|hi there|"
 
 
 def test_shell_env_values_must_be_strings():

@@ -24,6 +24,7 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from qforge.commands import tokens
 from qforge.commands import workflows as wf
 from qforge.commands.claim import ClaimedJob, claim
 from qforge.commands.enqueue import JobSpec, enqueue
@@ -134,7 +135,8 @@ def _report(job: ClaimedJob, *, result: Any = None, error: str | None = None) ->
 
 
 class Operator:
-    """The humans and the monitor: cancels, manual retries, triggers, timers, stale recovery."""
+    """The humans and the monitor: cancels, manual retries, triggers, timers, stale recovery,
+    API tokens made and revoked."""
 
     def __init__(self, conn: psycopg.Connection, rng: random.Random, job_ids: list[UUID]):
         self.conn, self.rng, self.job_ids = conn, rng, job_ids
@@ -168,6 +170,13 @@ class Operator:
             if self.rng.random() < 0.3:  # the rest wait until their timeout fires
                 self._tolerating(lambda: wf.trigger(self.conn, row["workflow_id"], row["step"],
                                                     {"approved_by": "operator"}, now=now))
+        if self.rng.random() < 0.3:  # tokens come and go (a name again after its revocation)
+            name = self.rng.choice(["ops-a", "ops-b", "ops-c"])
+            if self.rng.random() < 0.5:
+                self._tolerating(lambda: tokens.create_token(
+                    self.conn, name, self.rng.choice(tokens.SCOPES), actor="operator"))
+            else:
+                self._tolerating(lambda: tokens.revoke_token(self.conn, name, actor="operator"))
 
     def _ids(self, query: str, statuses: list[str]) -> list[UUID]:
         with self.conn.cursor() as cur:
@@ -377,7 +386,7 @@ def test_randomized_workload_replays_to_exactly_the_live_projections(db_url, bac
         built = replay.rebuild(main, chunk_positions=5_000, url=db_url, parallel=2)
         assert built.folders == 2
         with main.cursor() as cur:
-            for table in ("jobs", "workflows", "execution_tags"):
+            for table in ("jobs", "workflows", "execution_tags", "tokens"):
                 cur.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table)))
                 assert built.rows[table] == cur.fetchone()[0], table
         swapped = replay.swap(main)

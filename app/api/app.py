@@ -1,4 +1,4 @@
-"""The FastAPI application: routers, error handlers, the body limit, auth and the dashboard."""
+"""The FastAPI application: routers, error handlers, the body limit, auth, security headers and the dashboard."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import AsyncIterator
 
 from fastapi import Depends, FastAPI
-from fastapi.responses import FileResponse, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from qforge.api import compat, dashboard_states, errors, events, executions, jobs, operations, workflows
-from qforge.api.auth import require_token
+from qforge.api import (compat, dashboard_states, errors, events, executions, jobs, operations, tokens,
+                        workflows)
+from qforge.api.auth import authorize, refuse_unguarded
 from qforge.api.deps import Resources
 from qforge.api.errors import error_response
 from qforge.api.metrics import make_registry
@@ -72,6 +74,48 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
+# Sent with every response. The dashboard loads only its own scripts and styles
+# (ES modules, one stylesheet; the DAG and charts are built with the DOM, and
+# constructed stylesheets need no inline-style allowance); nothing may frame it.
+SECURITY_HEADERS = [
+    (b"content-security-policy", b"default-src 'self'; script-src 'self'; style-src 'self'; "
+                                 b"img-src 'self' data:; connect-src 'self'; object-src 'none'; "
+                                 b"base-uri 'none'; form-action 'self'; frame-ancestors 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]
+# Swagger UI (/docs) is FastAPI's page: its bundle comes from a CDN and it
+# starts itself with an inline script; that page alone allows them.
+DOCS_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
+            "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
+            "img-src 'self' data: https://fastapi.tiangolo.com; connect-src 'self'; object-src 'none'; "
+            "base-uri 'none'; frame-ancestors 'none'")
+
+
+class SecurityHeaders:
+    """Adds SECURITY_HEADERS to every HTTP response (a header the route set itself wins)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers") or [])
+                present = {name.lower() for name, _ in headers}
+                headers += [(name, value) for name, value in SECURITY_HEADERS if name not in present]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
 def _replay(messages: list[Message], receive: Receive) -> Receive:
     pending = list(messages)
 
@@ -96,6 +140,8 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
 
     app = FastAPI(
         title="QForge", version="0.1.0", lifespan=lifespan,
+        # Our own /docs and /openapi.json below, behind the read scope.
+        docs_url=None, redoc_url=None, openapi_url=None,
         description=("Event-sourced job queue and DAG workflow orchestrator on PostgreSQL. "
                      "Errors are `{\"error\", \"message\", \"details\"}`; lists are "
                      "`{\"items\", \"next\"}`; histories are `{\"events\"}`."),
@@ -104,11 +150,22 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
     app.state.metrics = make_registry(resources)
     errors.install(app)
 
-    protected = [Depends(require_token)]
+    protected = [Depends(authorize)]
     for router in (jobs.router, workflows.router, compat.router, events.router,
-                   executions.router, operations.router):
+                   executions.router, operations.router, tokens.router):
         app.include_router(router, dependencies=protected)
     app.include_router(operations.health_router)
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=protected)
+    def openapi_document() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=protected)
+    def docs() -> Response:
+        """Swagger UI; a browser is asked for the token by Basic auth (any user name)."""
+        page = get_swagger_ui_html(openapi_url="/openapi.json", title="QForge API")
+        page.headers["Content-Security-Policy"] = DOCS_CSP
+        return page
 
     states_js = dashboard_states.module()
 
@@ -130,13 +187,15 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
         app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="dashboard")
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(SecurityHeaders)
+    refuse_unguarded(app)
     if not settings.api_token:
         _optional_security(app)
     return app
 
 
 def _optional_security(app: FastAPI) -> None:
-    """Without QFORGE_API_TOKEN the bearer token is optional: say so in /openapi.json
+    """Until a token exists the bearer token is optional: say so in /openapi.json
     (an empty requirement object means "no credentials needed")."""
     build = app.openapi
 

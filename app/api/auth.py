@@ -1,31 +1,233 @@
-"""QFORGE_API_TOKEN: when set, every route but /healthz (and the dashboard's static files)
-needs `Authorization: Bearer <token>`."""
+"""Who is asking, and may they: named tokens with scopes (read < operate < admin), stream tickets.
+
+Every route is guarded by `authorize` (create_app refuses a route that is
+neither guarded nor listed public). A route's scope is what it declares with
+`**needs("operate")` (it shows in /openapi.json as `x-qforge-scope`); a route
+that declares nothing needs `read` for GET and `admin` for anything else, so a
+new write route is admin-only until someone decides otherwise.
+
+Tokens are looked up on every request (no cache): a revocation holds at once
+on every API process. Auth is on once any token has ever existed (or
+QFORGE_API_TOKEN is set, which works as one admin token named `api-token`);
+before that every request is `anonymous` with every scope, which is why
+`qforge api` refuses a non-loopback address in that state.
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import hmac
+import json
 import secrets
+import time
+from typing import Annotated, Any
 
-from fastapi import Request, Security
+from fastapi import Depends, FastAPI, Request, Security
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from qforge.api.errors import ApiError
+from qforge.commands import tokens
+from qforge.commands.tokens import SCOPES, Who
 
-bearer = HTTPBearer(auto_error=False, description="QFORGE_API_TOKEN, when the server sets one")
+bearer = HTTPBearer(auto_error=False, description=(
+    "a token from `qforge token create NAME --scope read|operate|admin` (or QFORGE_API_TOKEN)"))
 
-# EventSource cannot set headers, so the stream also takes ?token=.
-QUERY_TOKEN_PATHS = frozenset({"/events/stream"})
+SCOPE_KEY = "x-qforge-scope"
+STREAM_PATH = "/events/stream"
+# Where a browser may send the token as the password of Basic auth: it cannot
+# set a header on a page it navigates to.
+BASIC_PATHS = frozenset({"/docs", "/openapi.json"})
+API_TOKEN = "api-token"
+ANONYMOUS = Who("anonymous", "admin")
+TICKET_PURPOSE = "stream"
+TICKET_KEY = "stream_ticket"
+# How often an open stream asks again whether its token still works.
+STREAM_RECHECK_SECONDS = 5.0
 
 
-def require_token(request: Request,
-                  credentials: HTTPAuthorizationCredentials | None = Security(bearer)) -> None:
-    expected = request.app.state.resources.settings.api_token
-    if not expected:
-        return
+def needs(scope: str) -> dict[str, Any]:
+    """Route decorator arguments declaring the scope a write route needs."""
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
+    return {"openapi_extra": {SCOPE_KEY: scope}}
+
+
+def needed_scope(route: Any, method: str) -> str:
+    declared = (getattr(route, "openapi_extra", None) or {}).get(SCOPE_KEY)
+    if declared:
+        return declared
+    return "read" if method in ("GET", "HEAD") else "admin"
+
+
+def _unauthorized(message: str, path: str) -> ApiError:
+    challenge = 'Basic realm="QForge", charset="UTF-8"' if path in BASIC_PATHS else "Bearer"
+    return ApiError(401, "unauthorized", message, headers={"WWW-Authenticate": challenge})
+
+
+def _basic_password(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(value.strip(), validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return decoded.partition(":")[2] or None
+
+
+def identify(request: Request, supplied: str | None) -> Who:
+    """The token `supplied` names (401 if none or not valid while tokens are on)."""
+    resources = request.app.state.resources
+    expected = resources.settings.api_token
+    if expected and supplied and secrets.compare_digest(supplied.encode(), expected.encode()):
+        return Who(API_TOKEN, "admin")
+    with resources.pool.connection() as conn:
+        enabled, who = tokens.authenticate(conn, supplied)
+    if who is not None:
+        return who
+    if not enabled and not expected:
+        return ANONYMOUS
+    if supplied is None:
+        raise _unauthorized("this API needs 'Authorization: Bearer <token>'"
+                            " (`qforge token create NAME --scope read|operate|admin`)", request.url.path)
+    raise _unauthorized("the token is not valid (unknown or revoked)", request.url.path)
+
+
+def authorize(request: Request,
+              credentials: HTTPAuthorizationCredentials | None = Security(bearer)) -> Who:
+    """The dependency every guarded route has: 401 without a valid token, 403 when its
+    scope is below the route's."""
+    path = request.url.path
     supplied = credentials.credentials if credentials is not None else None
-    if supplied is None and request.url.path in QUERY_TOKEN_PATHS:
-        supplied = request.query_params.get("token")
-    if not supplied or not secrets.compare_digest(supplied.encode(), expected.encode()):
-        raise ApiError(401, "unauthorized",
-                       "this API needs 'Authorization: Bearer <token>' (QFORGE_API_TOKEN)"
-                       if supplied is None else "the token is not valid",
-                       headers={"WWW-Authenticate": "Bearer"})
+    who: Who | None = None
+    if supplied is None and path == STREAM_PATH:
+        ticket = request.query_params.get("ticket")
+        if ticket is not None:
+            who = check_ticket(request, ticket)
+        elif request.app.state.resources.settings.stream_query_token:
+            supplied = request.query_params.get("token")
+    if supplied is None and who is None and path in BASIC_PATHS:
+        supplied = _basic_password(request)
+    if who is None:
+        who = identify(request, supplied)
+    needed = needed_scope(request.scope.get("route"), request.method)
+    if not who.may(needed):
+        raise ApiError(403, "forbidden",
+                       f"this needs a token with scope '{needed}'; token '{who.name}' has scope"
+                       f" '{who.scope}'",
+                       [{"needed_scope": needed, "token": who.name, "scope": who.scope}])
+    request.state.who = who
+    return who
+
+
+def actor_of(who: Annotated[Who, Depends(authorize)]) -> str:
+    """The actor of the events a request writes: its token's name."""
+    return who.name
+
+
+# A route that writes events takes `actor: Actor`.
+Actor = Annotated[str, Depends(actor_of)]
+Caller = Annotated[Who, Depends(authorize)]
+
+
+# --------------------------------------------------------------------------- stream tickets
+# A ticket is `<payload>.<HMAC-SHA256 of payload>`, both base64url; the payload
+# names the token, the purpose and when it expires. Stateless (any API process
+# checks it with the key every process reads from server_keys) and useless for
+# anything but GET /events/stream; it dies with its token.
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _ticket_key(request: Request) -> bytes:
+    resources = request.app.state.resources
+    key = getattr(resources, "ticket_key", None)
+    if key is None:  # it never changes: read once per process
+        with resources.pool.connection() as conn:
+            key = resources.ticket_key = tokens.server_key(conn, TICKET_KEY)
+    return key
+
+
+def issue_ticket(request: Request, who: Who) -> tuple[str, int]:
+    """(ticket, seconds it lasts) for the stream, on behalf of `who`."""
+    seconds = request.app.state.resources.settings.stream_ticket_seconds
+    payload = json.dumps({"t": who.name, "p": TICKET_PURPOSE, "exp": int(time.time()) + seconds,
+                          "n": secrets.token_hex(8)}, separators=(",", ":")).encode()
+    signature = hmac.new(_ticket_key(request), payload, hashlib.sha256).digest()
+    return f"{_b64(payload)}.{_b64(signature)}", seconds
+
+
+def check_ticket(request: Request, ticket: str) -> Who:
+    """The token a ticket was issued to, with read scope (401 if forged, expired, of another
+    purpose, or its token was revoked since)."""
+    encoded, _, signature = ticket.partition(".")
+    try:
+        payload, mac = _unb64(encoded), _unb64(signature)
+        valid = hmac.compare_digest(mac, hmac.new(_ticket_key(request), payload, hashlib.sha256).digest())
+        claims = json.loads(payload) if valid else {}
+    except (ValueError, binascii.Error):
+        valid, claims = False, {}
+    if not valid or not isinstance(claims, dict) or claims.get("p") != TICKET_PURPOSE:
+        raise _unauthorized("the stream ticket is not valid", request.url.path)
+    if not isinstance(claims.get("exp"), int) or claims["exp"] < time.time():
+        raise _unauthorized("the stream ticket has expired: ask POST /events/stream-ticket for a new one",
+                            request.url.path)
+    name = str(claims.get("t"))
+    if not token_still_valid(request, name):
+        raise _unauthorized(f"token '{name}' was revoked", request.url.path)
+    return Who(name, "read")
+
+
+def token_still_valid(request: Request, name: str) -> bool:
+    """Does the token `name` still work (an open stream asks every few seconds)?"""
+    resources = request.app.state.resources
+    if name == API_TOKEN:
+        return bool(resources.settings.api_token)
+    with resources.pool.connection() as conn:
+        if name == ANONYMOUS.name:
+            return not resources.settings.api_token and not tokens.tokens_exist(conn)
+        return tokens.is_active(conn, name)
+
+
+# --------------------------------------------------------------------------- every route guarded
+
+# Routes anyone may call: liveness, and the dashboard's code (no data in it).
+PUBLIC_PATHS = frozenset({"/healthz", "/js/states.js", "/favicon.ico"})
+
+
+def api_routes(app: FastAPI) -> list[Any]:
+    """Every API route of the app, each with its effective path, methods and dependant.
+    FastAPI 0.165 keeps an included router as one entry of app.router.routes
+    (an _IncludedRouter whose effective_candidates() are its routes, prefixes and
+    router dependencies applied), so the routers are walked here."""
+    found: list[Any] = []
+
+    def walk(routes: list[Any]) -> None:
+        for route in routes:
+            if isinstance(route, APIRoute) or getattr(route, "original_route", None) is not None:
+                if isinstance(getattr(route, "original_route", route), APIRoute):
+                    found.append(route)
+            elif hasattr(route, "effective_candidates"):
+                walk(route.effective_candidates())
+
+    walk(list(app.router.routes))
+    return found
+
+
+def refuse_unguarded(app: FastAPI) -> None:
+    """Raise if a route is neither public nor guarded by authorize."""
+    for route in api_routes(app):
+        guarded = any(dep.call is authorize for dep in route.dependant.dependencies)
+        if not guarded and route.path not in PUBLIC_PATHS:
+            raise RuntimeError(f"route {sorted(route.methods)} {route.path} is not guarded by"
+                               " qforge.api.auth.authorize and not public")

@@ -17,6 +17,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
     for status, description in [
         (400, "malformed input (JSON, cursor, tag)"), (401, "missing or wrong token"),
+        (403, "the token's scope is below the route's (details[0].needed_scope names it)"),
         (404, "unknown id"), (409, "the current state does not allow it"),
         (410, "archived: the execution's events are in an archive segment (named in details)"),
         (413, "body over QFORGE_MAX_BODY_BYTES"),

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response
 
+from qforge.api.auth import Actor, needs
 from qforge.api.common import ERRORS
 from qforge.api.deps import Conn
 from qforge.api.errors import ApiError
@@ -78,14 +79,14 @@ def _find(conn, workflow_id: str) -> tuple[dict, list[dict]]:
     return found
 
 
-@router.post("/workflow", status_code=201, response_model=CompatWorkflowView,
+@router.post("/workflow", status_code=201, response_model=CompatWorkflowView, **needs("operate"),
              responses={200: {"model": CompatWorkflowView,
                               "description": "this workflowId was submitted before"},
                         **COMPAT_ERRORS})
-def submit(body: CompatWorkflowIn, conn: Conn, response: Response) -> dict:
+def submit(body: CompatWorkflowIn, conn: Conn, response: Response, actor: Actor) -> dict:
     """Run a DAG of shell commands; 400 on an invalid graph (duplicate ids, unknown
     dependencies, cycles), nothing stored."""
-    workflow_id, created = commands.submit(conn, to_spec(body), actor="api", external_id=body.workflowId)
+    workflow_id, created = commands.submit(conn, to_spec(body), actor=actor, external_id=body.workflowId)
     if not created:
         response.status_code = 200
     return compat_view(*_find(conn, str(workflow_id)))

@@ -31,7 +31,9 @@ ORDER = [states.BLOCKED, states.PENDING, states.WAITING, states.RUNNING, states.
 # Events whose colour is not simply the status they lead to: a failed attempt
 # is red although the job still runs; a scheduled retry waits.
 EVENT_COLOUR_OVERRIDES = {ev.Failed.type: states.FAILED, ev.Retried.type: states.WAITING,
-                          ev.Enqueued.type: states.PENDING, ev.StepUnblocked.type: states.PENDING}
+                          ev.Enqueued.type: states.PENDING, ev.StepUnblocked.type: states.PENDING,
+                          # token lifecycle events (stream type token) in the log's colours
+                          ev.TokenCreated.type: states.SUCCEEDED, ev.TokenRevoked.type: states.CANCELLED}
 
 
 def event_status() -> dict[str, str]:

@@ -9,7 +9,8 @@ sends it back as Last-Event-ID and resumes exactly after it.
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, AsyncIterator
+import time
+from typing import Annotated, AsyncIterator, Awaitable, Callable
 from uuid import UUID
 
 import psycopg
@@ -18,11 +19,13 @@ from psycopg_pool import PoolTimeout
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
+from qforge.api import auth
+from qforge.api.auth import Caller, needs
 from qforge.api.common import ERRORS, bad_query, tags_of
 from qforge.api.deps import Conn, Resources
 from qforge.api.errors import ApiError
 from qforge.api.hub import Message, encode
-from qforge.api.models import EventPage
+from qforge.api.models import EventPage, StreamTicket
 from qforge.events import store
 from qforge.events.types import Event
 
@@ -61,8 +64,9 @@ class Filters:
     """Which events a subscriber wants (every given filter must match)."""
 
     def __init__(self, workflow_id: UUID | None, job_id: UUID | None,
-                 tags: list[tuple[str, str]], types: set[str]):
+                 tags: list[tuple[str, str]], types: set[str], actor: str | None = None):
         self.workflow_id, self.job_id, self.tags, self.types = workflow_id, job_id, tags, types
+        self.actor = actor
 
     def match(self, event: Event) -> bool:
         if self.workflow_id and self.workflow_id not in (event.workflow_id, event.stream_id):
@@ -70,6 +74,8 @@ class Filters:
         if self.job_id and event.stream_id != self.job_id:
             return False
         if self.types and event.type not in self.types:
+            return False
+        if self.actor and event.actor != self.actor:
             return False
         return all(event.tags.get(key) == value for key, value in self.tags)
 
@@ -84,17 +90,26 @@ def _tail(resources: Resources, back: int = 0) -> store.Cursor:
         return store.tail_cursor(conn, back)
 
 
-async def subscribe(resources: Resources, cursor: store.Cursor,
-                    filters: Filters) -> AsyncIterator[bytes]:
+async def subscribe(resources: Resources, cursor: store.Cursor, filters: Filters,
+                    still_allowed: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[bytes]:
     """Yield the matching events after `cursor` as SSE bytes, forever.
 
     Events come from the hub's shared cache when it reaches back to `cursor`,
     else from the log itself, one page at a time; either way the next batch is
     taken only once the previous one has been handed to the client, so a slow
-    client slows only itself and holds at most one page.
+    client slows only itself and holds at most one page. Every
+    STREAM_RECHECK_SECONDS it asks `still_allowed` and ends once its token was revoked.
     """
     hub = resources.hub
+    checked = time.monotonic()
     while True:
+        if still_allowed is not None and time.monotonic() - checked >= auth.STREAM_RECHECK_SECONDS:
+            checked = time.monotonic()
+            try:
+                if not await still_allowed():
+                    return
+            except (psycopg.OperationalError, PoolTimeout):
+                pass  # the database is away: the reads below wait for it too
         changed = hub.changed()  # taken before reading: new events during the read are not lost
         messages = hub.after(cursor, PAGE_SIZE)
         if messages is None:  # behind the shared cache: read the log ourselves
@@ -131,19 +146,24 @@ async def stream(request: Request, after: cursor_query = None,
                  tag: Annotated[list[str] | None, Query(max_length=20)] = None,
                  type: Annotated[list[str] | None, Query(
                      max_length=50, description="event types; repeat or comma-separate")] = None,
+                 actor: Annotated[str | None, Query(max_length=200, description=(
+                     "only events written by this actor (a token's name, a worker, the monitor)"))] = None,
                  backlog: Annotated[int, Query(
                      ge=0, le=1000, description="without a cursor: start this many events "
                                                 "before the live tail")] = 0,
                  last_event_id: Annotated[str | None, Header(max_length=60)] = None,
-                 token: Annotated[str | None, Query(
-                     description="the API token, for EventSource (which cannot set headers)")] = None,
-                 ) -> EventSourceResponse:
+                 ticket: Annotated[str | None, Query(max_length=500, description=(
+                     "a ticket from POST /events/stream-ticket, for EventSource (which cannot set"
+                     " headers)"))] = None,
+                 token: Annotated[str | None, Query(max_length=500, description=(
+                     "the API token itself; accepted only with QFORGE_STREAM_QUERY_TOKEN=true"))] = None,
+                 *, who: Caller) -> EventSourceResponse:
     """Live events. Resumes after Last-Event-ID (or ?after=; "0" = from the beginning);
     without either it starts at the live tail (or `backlog` events before it). Filters: workflow_id, job_id, tag=key:value,
-    type. Never misses or repeats an event."""
+    type, actor. Never misses or repeats an event."""
     resources: Resources = request.app.state.resources
     types = {t.strip() for value in type or [] for t in value.split(",") if t.strip()}
-    filters = Filters(workflow_id, job_id, tags_of(tag), types)
+    filters = Filters(workflow_id, job_id, tags_of(tag), types, actor)
     resume = last_event_id if last_event_id not in (None, "") else after
     if resume is not None:
         cursor = parse_cursor(resume)
@@ -152,6 +172,19 @@ async def stream(request: Request, after: cursor_query = None,
             cursor = await run_in_threadpool(_tail, resources, backlog)
         except (psycopg.OperationalError, PoolTimeout):
             raise ApiError(503, "unavailable", "the database is not reachable right now") from None
-    return EventSourceResponse(subscribe(resources, cursor, filters), ping=PING_SECONDS,
+
+    async def still_allowed() -> bool:
+        return await run_in_threadpool(auth.token_still_valid, request, who.name)
+
+    return EventSourceResponse(subscribe(resources, cursor, filters, still_allowed), ping=PING_SECONDS,
                                send_timeout=SEND_TIMEOUT_SECONDS,
                                headers={"Cache-Control": "no-store"})
+
+
+@router.post("/events/stream-ticket", response_model=StreamTicket, responses=ERRORS, **needs("read"))
+def stream_ticket(request: Request, who: Caller) -> dict:
+    """A short-lived ticket for GET /events/stream?ticket= (EventSource cannot send the token
+    in a header, and a token in a URL ends up in logs). It opens the stream only, for
+    QFORGE_STREAM_TICKET_SECONDS, and stops working when its token is revoked."""
+    ticket, seconds = auth.issue_ticket(request, who)
+    return {"ticket": ticket, "expires_in": seconds}

@@ -18,9 +18,11 @@ router = APIRouter(tags=["search"])
 def search(conn: Conn,
            tag: Annotated[list[str], Query(min_length=1, max_length=20, description=(
                "key:value; repeat for more: an execution must carry all of them"))],
+           actor: Annotated[str | None, Query(max_length=200, description=(
+               "only executions this actor (a token's name, a worker...) wrote an event for"))] = None,
            limit: limit_query = 50,
            cursor: Annotated[str | None, Query(max_length=500)] = None) -> dict:
-    """Jobs and workflows carrying every given tag, newest first."""
+    """Jobs and workflows carrying every given tag (and touched by `actor`), newest first."""
     with bad_query():
-        items, next_cursor = executions.search(conn, tags_of(tag), limit=limit, cursor=cursor)
+        items, next_cursor = executions.search(conn, tags_of(tag), actor=actor, limit=limit, cursor=cursor)
     return {"items": items, "next": next_cursor}

@@ -7,7 +7,8 @@ from uuid import UUID
 
 from fastapi import APIRouter, Query, Response
 
-from qforge.api.common import ERRORS, as_of_view, missing, bad_query, limit_query, tag_query, tags_of
+from qforge.api.auth import Actor, needs
+from qforge.api.common import ERRORS, as_of_view, bad_query, limit_query, missing, tag_query, tags_of
 from qforge.api.deps import Conn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, JobList, JobView
@@ -31,12 +32,12 @@ def _job(conn, job_id: UUID) -> dict:
     return job
 
 
-@router.post("/jobs", status_code=201, response_model=JobView,
+@router.post("/jobs", status_code=201, response_model=JobView, **needs("operate"),
              responses={200: {"model": JobView, "description": "an existing job with the same "
                                                                 "idempotency_key"}, **ERRORS})
-def create_job(body: JobSpec, conn: Conn, response: Response) -> dict:
+def create_job(body: JobSpec, conn: Conn, response: Response, actor: Actor) -> dict:
     """Enqueue a job; the same idempotency_key again returns the existing job (200)."""
-    [outcome] = enqueue(conn, [body], actor="api")
+    [outcome] = enqueue(conn, [body], actor=actor)
     if not outcome.created:
         response.status_code = 200
     return _job(conn, outcome.id)
@@ -77,15 +78,15 @@ def job_events(job_id: UUID, conn: Conn) -> dict:
     return {"events": [e.model_dump(mode="json") for e in events]}
 
 
-@router.post("/jobs/{job_id}/cancel", response_model=JobView, responses=ERRORS)
-def cancel(job_id: UUID, conn: Conn) -> dict:
+@router.post("/jobs/{job_id}/cancel", response_model=JobView, responses=ERRORS, **needs("operate"))
+def cancel(job_id: UUID, conn: Conn, actor: Actor) -> dict:
     """Cancel a job that has not finished (409 otherwise); a running one stops at its next heartbeat."""
-    cancel_job(conn, job_id, actor="api")
+    cancel_job(conn, job_id, actor=actor)
     return _job(conn, job_id)
 
 
-@router.post("/jobs/{job_id}/retry", response_model=JobView, responses=ERRORS)
-def retry(job_id: UUID, conn: Conn) -> dict:
+@router.post("/jobs/{job_id}/retry", response_model=JobView, responses=ERRORS, **needs("operate"))
+def retry(job_id: UUID, conn: Conn, actor: Actor) -> dict:
     """Run a dead or cancelled job again (409 for any other status)."""
-    retry_job(conn, job_id, actor="api")
+    retry_job(conn, job_id, actor=actor)
     return _job(conn, job_id)

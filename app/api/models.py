@@ -85,6 +85,11 @@ class EventPage(BaseModel):
     next: str = Field(description="the cursor to pass as ?after= for the following events")
 
 
+class StreamTicket(BaseModel):
+    ticket: str = Field(description="pass as GET /events/stream?ticket=")
+    expires_in: int = Field(description="seconds it opens the stream for (QFORGE_STREAM_TICKET_SECONDS)")
+
+
 # --------------------------------------------------------------------------- workflows
 
 

@@ -7,7 +7,8 @@ from uuid import UUID
 
 from fastapi import APIRouter, Path, Query, Response
 
-from qforge.api.common import ERRORS, as_of_view, missing, bad_query, limit_query, tag_query, tags_of
+from qforge.api.auth import Actor, needs
+from qforge.api.common import ERRORS, as_of_view, bad_query, limit_query, missing, tag_query, tags_of
 from qforge.api.deps import Conn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, TriggerRequest, WorkflowCreated, WorkflowList, WorkflowView
@@ -30,13 +31,13 @@ def _workflow(conn, workflow_id: UUID) -> dict:
     return workflow
 
 
-@router.post("/workflows", status_code=201, response_model=WorkflowCreated,
+@router.post("/workflows", status_code=201, response_model=WorkflowCreated, **needs("operate"),
              responses={200: {"model": WorkflowCreated,
                               "description": "an existing workflow with the same idempotency_key"},
                         **ERRORS})
-def create_workflow(body: WorkflowSpec, conn: Conn, response: Response) -> dict:
+def create_workflow(body: WorkflowSpec, conn: Conn, response: Response, actor: Actor) -> dict:
     """Submit a DAG. An invalid graph is a 422 whose details list every problem; nothing is stored."""
-    workflow_id, created = commands.submit(conn, body, actor="api")
+    workflow_id, created = commands.submit(conn, body, actor=actor)
     if not created:
         response.status_code = 200
     view = _workflow(conn, workflow_id)
@@ -73,18 +74,19 @@ def workflow_events(workflow_id: UUID, conn: Conn) -> dict:
     return {"events": [e.model_dump(mode="json") for e in events]}
 
 
-@router.post("/workflows/{workflow_id}/cancel", response_model=WorkflowView, responses=ERRORS)
-def cancel_workflow(workflow_id: UUID, conn: Conn) -> dict:
+@router.post("/workflows/{workflow_id}/cancel", response_model=WorkflowView, responses=ERRORS,
+             **needs("operate"))
+def cancel_workflow(workflow_id: UUID, conn: Conn, actor: Actor) -> dict:
     """Cancel every unfinished step and the workflow (409 when it already finished)."""
-    commands.cancel(conn, workflow_id, actor="api")
+    commands.cancel(conn, workflow_id, actor=actor)
     return _workflow(conn, workflow_id)
 
 
 @router.post("/workflows/{workflow_id}/steps/{step}/trigger", response_model=WorkflowView,
-             responses=ERRORS)
+             responses=ERRORS, **needs("operate"))
 def trigger_step(workflow_id: UUID, step: Annotated[str, Path(max_length=200)], conn: Conn,
-                 body: TriggerRequest | None = None) -> dict:
+                 actor: Actor, body: TriggerRequest | None = None) -> dict:
     """Complete a waiting wait_for_trigger step; its payload becomes the step's output (409 if
     the step is not waiting)."""
-    commands.trigger(conn, workflow_id, step, body.payload if body else None, actor="api")
+    commands.trigger(conn, workflow_id, step, body.payload if body else None, actor=actor)
     return _workflow(conn, workflow_id)

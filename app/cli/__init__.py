@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from dataclasses import dataclass
-import re
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Callable, Sequence
+
+from pydantic import ValidationError
 
 from qforge import __version__
 from qforge.settings import get_settings
@@ -55,6 +57,8 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
 def _api_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="address to listen on (default QFORGE_HOST, 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port to listen on (default QFORGE_PORT, 8090)")
+    parser.add_argument("--insecure-no-auth", action="store_true",
+                        help="listen on a non-loopback address although no token exists (warns on every start)")
 
 
 def _dev_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,6 +117,17 @@ def _history_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("id", help="a job's or a workflow's id")
     parser.add_argument("--archive", type=Path, default=None, metavar="DIR",
                         help="an archive directory to read the execution's archived events from")
+def _token_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    create = actions.add_parser("create", help="make a token and print it (once; only its hash is kept)")
+    create.add_argument("name", help="the token's name: the actor of every event written with it")
+    create.add_argument("--scope", required=True, choices=["read", "operate", "admin"],
+                        help="read: every GET and the stream; operate: also enqueue, submit, cancel,"
+                             " retry, trigger; admin: everything, tokens included")
+    listing = actions.add_parser("list", help="list active tokens")
+    listing.add_argument("--all", action="store_true", help="revoked ones too")
+    revoke = actions.add_parser("revoke", help="revoke a token (refused at once by every API process)")
+    revoke.add_argument("name")
 
 
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -132,6 +147,7 @@ SUBCOMMANDS: list[Subcommand] = [
                " or verify an archive", "archive", _archive_arguments),
     Subcommand("history", "print an execution's events, from the archive and the live log", "history",
                _history_arguments),
+    Subcommand("token", "create, list and revoke API tokens", "token", _token_arguments),
     Subcommand("demo", "enqueue sample jobs and a DAG workflow against a running API", "demo",
                _demo_arguments),
 ]
@@ -171,12 +187,16 @@ def _fill_from_settings(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _fill_from_settings(args)
-    handler: Handler = importlib.import_module(f"qforge.cli.{args.module}").run
     try:
+        _fill_from_settings(args)
+        handler: Handler = importlib.import_module(f"qforge.cli.{args.module}").run
         code = handler(args)
     except KeyboardInterrupt:
         return 130
+    except ValidationError as exc:  # a QFORGE_* variable that does not validate
+        problems = "; ".join(f"QFORGE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        print(f"qforge {args.command}: invalid setting: {problems}", file=sys.stderr)
+        return 2
     return int(code or 0)
 
 

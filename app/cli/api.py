@@ -1,16 +1,40 @@
-"""`qforge api`: migrate, then serve the API and the dashboard with uvicorn."""
+"""`qforge api`: migrate, then serve the API and the dashboard with uvicorn.
+
+Safe by default: without any token (nor QFORGE_API_TOKEN) every request is
+`anonymous` with every scope, so it listens only on a loopback address unless
+started with --insecure-no-auth, which it then says on every start.
+"""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import socket
 
 import psycopg
 import uvicorn
 
 from qforge.api.app import create_app
 from qforge.cli.common import complain, database_url
+from qforge.commands.tokens import tokens_exist
 from qforge.db import connect, stop_embedded
 from qforge.migrate import SchemaError, migrate
+from qforge.settings import get_settings
+
+
+def is_loopback(host: str) -> bool:
+    """Does every address `host` names belong to this machine alone?"""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -20,12 +44,24 @@ def run(args: argparse.Namespace) -> int:
     try:
         with connect(url, autocommit=True) as conn:
             applied = migrate(conn)  # safe to run from many processes at once
+            protected = bool(get_settings().api_token) or tokens_exist(conn)
     except (SchemaError, psycopg.Error) as exc:
         complain("api", exc)
         stop_embedded()
         return 1
     for name in applied:
         print(f"applied {name}", flush=True)
+    if not protected:
+        if args.insecure_no_auth:
+            complain("api", "WARNING: --insecure-no-auth: no token exists, so anyone who reaches"
+                            f" {args.host}:{args.port} may run shell commands on the workers"
+                            " (`qforge token create NAME --scope admin` turns authentication on)")
+        elif not is_loopback(args.host):
+            complain("api", f"refusing to listen on {args.host} while no token exists: anyone could"
+                            " use the API. Create one first (`qforge token create NAME --scope admin`),"
+                            " or listen on 127.0.0.1, or pass --insecure-no-auth")
+            stop_embedded()
+            return 2
     try:
         config = uvicorn.Config(create_app(url), host=args.host, port=args.port,
                                 log_level="info", timeout_graceful_shutdown=5)

@@ -207,6 +207,9 @@ def run(args: argparse.Namespace) -> int:
     # Children reach the same server by its URL and never start one themselves,
     # so this process is the embedded server's only user and stops it at the end.
     env = {**os.environ, "QFORGE_DATABASE_URL": url, "PYTHONUNBUFFERED": "1"}
+    # The demo's http steps call services on this machine: allow loopback here
+    # only (issue 19: an http step refuses non-public addresses by default).
+    env.setdefault("QFORGE_HTTP_ALLOW", "127.0.0.0/8,::1,localhost")
     supervisor = Supervisor(port, env)
     previous = {sig: signal.signal(sig, supervisor.request_stop)
                 for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -72,7 +72,16 @@ WORKFLOW_TRANSITIONS: dict[tuple[str, str], str | frozenset[str]] = {
     (RUNNING, ev.WorkflowCancelled.type): CANCELLED,
 }
 
-MACHINES = {"job": JOB_TRANSITIONS, "workflow": WORKFLOW_TRANSITIONS}
+# API tokens: created (again after a revocation, with a new secret), revoked.
+ACTIVE = "active"
+REVOKED = "revoked"
+TOKEN_TRANSITIONS: dict[tuple[str, str], str | frozenset[str]] = {
+    (NEW, ev.TokenCreated.type): ACTIVE,
+    (ACTIVE, ev.TokenRevoked.type): REVOKED,
+    (REVOKED, ev.TokenCreated.type): ACTIVE,
+}
+
+MACHINES = {"job": JOB_TRANSITIONS, "workflow": WORKFLOW_TRANSITIONS, "token": TOKEN_TRANSITIONS}
 
 # Statuses a step (job) never leaves on its own: the workflow evaluator waits
 # for these. (dead and cancelled can still be retried by hand.)

@@ -176,17 +176,41 @@ class WorkflowCancelled(EventData):
     stream_type = "workflow"
 
 
+# --------------------------------------------------------------------------- API tokens
+
+
+class TokenCreated(EventData):
+    """A named API token exists (again, after a revocation: a new secret). Only the
+    SHA-256 of the secret is in the log; the secret was shown once to its creator."""
+
+    type = "TokenCreated"
+    stream_type = "token"
+    name: str
+    scope: Literal["read", "operate", "admin"]
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class TokenRevoked(EventData):
+    """The token stops working on every API process at once (each request looks it up)."""
+
+    type = "TokenRevoked"
+    stream_type = "token"
+    name: str
+
+
 EVENT_DATA: dict[str, type[EventData]] = {
     model.type: model for model in (
         Enqueued, StepUnblocked, Skipped, Claimed, Heartbeat, Succeeded, Failed, Retried,
         DeadLettered, Released, Cancelled, Triggered,
         WorkflowSubmitted, WorkflowSucceeded, WorkflowFailed, WorkflowCancelled,
+        TokenCreated, TokenRevoked,
     )
 }
 EVENT_TYPES = frozenset(EVENT_DATA)
 JOB_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "job")
 WORKFLOW_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "workflow")
-STREAM_TYPES = ("job", "workflow")
+TOKEN_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "token")
+STREAM_TYPES = ("job", "workflow", "token")
 
 
 def _failed_v1(data: dict[str, Any]) -> dict[str, Any]:

@@ -12,13 +12,13 @@ from qforge.projections.workflows import workflows_by_ids
 from qforge.sql import q
 
 
-def search(conn, tags: list[tuple[str, str]], *, limit: int = 50,
+def search(conn, tags: list[tuple[str, str]], *, actor: str | None = None, limit: int = 50,
            cursor: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
     """Newest first across both kinds; each item is a job view or a workflow summary plus "kind".
 
     The intersection is computed in execution_tags (insert-only, primary key
     (key, value, kind, id)), so each tag is an index range, never a scan.
-    ValueError for a malformed cursor.
+    With `actor`, only those the actor wrote an event for. ValueError for a malformed cursor.
     """
     if not tags:
         return [], None
@@ -26,7 +26,7 @@ def search(conn, tags: list[tuple[str, str]], *, limit: int = 50,
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(q("executions_by_tags"), {
             "keys": [key for key, _ in tags], "values": [value for _, value in tags],
-            "after_created": after_created, "after_id": after_id, "limit": limit + 1,
+            "actor": actor, "after_created": after_created, "after_id": after_id, "limit": limit + 1,
         })
         hits = cur.fetchall()
     more = len(hits) > limit

@@ -44,6 +44,9 @@ SELECT workflow_id, status, count(*) AS n
 -- Everything that carries ALL the given tags: each (key, value) is an index
 -- range of execution_tags; an id qualifies when it appears in every range.
 -- Newest first across jobs and workflows, keyset-paginated on (created_at, id).
+-- With an actor, only executions that actor wrote an event for (its own, or
+-- one of a workflow's steps, say a trigger): index probes per match, on
+-- events (stream_id) and events (workflow_id, position).
 WITH wanted AS (
     SELECT DISTINCT w.key, w.value
       FROM unnest(%(keys)s::text[], %(values)s::text[]) AS w(key, value)
@@ -52,11 +55,17 @@ WITH wanted AS (
       FROM execution_tags t JOIN wanted w ON t.key = w.key AND t.value = w.value
      GROUP BY t.kind, t.id
     HAVING count(*) = (SELECT count(*) FROM wanted)
+), by_actor AS (
+    SELECT m.kind, m.id FROM matched m
+     WHERE %(actor)s::text IS NULL
+        OR EXISTS (SELECT 1 FROM events e WHERE e.stream_id = m.id AND e.actor = %(actor)s)
+        OR (m.kind = 'workflow'
+            AND EXISTS (SELECT 1 FROM events e WHERE e.workflow_id = m.id AND e.actor = %(actor)s))
 ), found AS (
-    SELECT 'job' AS kind, j.id, j.created_at FROM matched m JOIN jobs j ON j.id = m.id
+    SELECT 'job' AS kind, j.id, j.created_at FROM by_actor m JOIN jobs j ON j.id = m.id
      WHERE m.kind = 'job'
     UNION ALL
-    SELECT 'workflow', w.id, w.created_at FROM matched m JOIN workflows w ON w.id = m.id
+    SELECT 'workflow', w.id, w.created_at FROM by_actor m JOIN workflows w ON w.id = m.id
      WHERE m.kind = 'workflow'
 )
 SELECT kind, id, created_at FROM found

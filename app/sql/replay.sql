@@ -107,12 +107,12 @@ SELECT DISTINCT stream_id FROM events
    AND NOT pg_visible_in_snapshot(xid, %(snapshot)s::pg_snapshot)
 
 -- name: replay_lock_writers
--- Writers append to events and, through events_project(), write the three
--- projections; EXCLUSIVE blocks them all (row locks included) and lets plain
+-- Writers append to events and, through events_project() and tokens_project(),
+-- write the projections; EXCLUSIVE blocks them all (row locks included) and lets plain
 -- reads (API, dashboard, SSE) go on. Taken with a short lock_timeout and
 -- retried: a command holding one of these tables while waiting for another
 -- would otherwise deadlock with us.
-LOCK TABLE events, workflows, jobs, execution_tags IN EXCLUSIVE MODE
+LOCK TABLE events, workflows, jobs, execution_tags, tokens IN EXCLUSIVE MODE
 
 -- name: replay_lock_timeout
 SELECT set_config('lock_timeout', %(timeout)s, true)

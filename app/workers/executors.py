@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from qforge.workers.sandbox import TaskPolicy, resolve
 from qforge.workers.tasks import TaskContext, TaskError, get_task
 
 __all__ = ["TaskError", "execute"]
@@ -23,6 +24,7 @@ KILL_GRACE_SECONDS = 2.0  # between SIGTERM and SIGKILL of a shell command's pro
 PIPE_DRAIN_SECONDS = 1.0  # to read what is left in the pipes once the group is gone
 HTTP_DEFAULT_TIMEOUT_SECONDS = 300.0  # a Lambda-style call may be slow; the job timeout still applies
 HTTP_MAX_RESPONSE_BYTES = 1024 * 1024  # a result lands in the event log; keep it like the API's body limit
+HTTP_MAX_REDIRECTS = 10  # each hop's address is checked like the first
 
 
 async def execute(
@@ -44,7 +46,7 @@ async def execute(
     if task == "shell":
         result = await run_shell(payload, ctx)
     elif task == "http":
-        result = await run_http(payload)
+        result = await run_http(payload, ctx.policy)
     else:
         result = await run_python(task, payload, ctx, thread_pool)
     try:
@@ -72,11 +74,13 @@ async def run_shell(payload: dict, ctx: TaskContext) -> dict:
     command = payload.get("command")
     if not isinstance(command, str) or not command.strip():
         raise TaskError("a shell payload needs a non-empty string 'command'")
-    env = {**os.environ, **_environment(payload.get("env"))}
+    # Never the worker's whole environment: its database URL and tokens would
+    # land in the step's stored output (qforge.workers.sandbox).
+    env = ctx.policy.shell_environment(_environment(payload.get("env")))
     timeout_seconds = _seconds(payload, "timeout_seconds")
 
     process = await asyncio.create_subprocess_exec(
-        "/bin/sh", "-c", command,
+        *ctx.policy.shell_argv(command),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -225,7 +229,12 @@ def _environment(env: Any) -> dict[str, str]:
 # --- http -----------------------------------------------------------------------
 
 
-async def run_http(payload: dict) -> Any:
+async def run_http(payload: dict, policy: TaskPolicy | None = None) -> Any:
+    """Call the URL; every address it (and each redirect) resolves to is checked against
+    `policy` (no loopback, private, link-local... unless QFORGE_HTTP_ALLOW allows it), and
+    the connection goes to the address that was checked, so a second DNS answer cannot
+    swap it (TLS still verifies the host name, sent as SNI)."""
+    policy = policy or TaskPolicy()
     url = payload.get("url")
     if not isinstance(url, str):
         raise TaskError("an http payload needs a string 'url'")
@@ -248,9 +257,9 @@ async def run_http(payload: dict) -> Any:
     try:
         # httpx's timeout is per read or write; asyncio.timeout bounds the whole exchange.
         async with asyncio.timeout(timeout_seconds):
-            async with httpx.AsyncClient(timeout=timeout_seconds, follow_redirects=True) as client:
-                async with client.stream(method, url, headers=headers, **body_argument) as response:
-                    body, complete = await _read_bounded(response)
+            async with httpx.AsyncClient(timeout=timeout_seconds, follow_redirects=False) as client:
+                response, body, complete = await _exchange(client, policy, method, parsed, headers,
+                                                           body_argument)
     except (TimeoutError, httpx.TimeoutException) as exc:
         raise TaskError(f"{method} {url} timed out after {timeout_seconds:g}s", reason="timeout") from exc
     except httpx.HTTPError as exc:
@@ -271,6 +280,58 @@ async def run_http(payload: dict) -> Any:
         except ValueError:
             pass  # a service that mislabels its text still succeeded; keep the text
     return text
+
+
+async def _exchange(client: httpx.AsyncClient, policy: TaskPolicy, method: str, url: httpx.URL,
+                    headers: dict[str, str], body_argument: dict) -> tuple[httpx.Response, bytes, bool]:
+    """Send, following up to HTTP_MAX_REDIRECTS redirects ourselves, each hop checked."""
+    for _ in range(HTTP_MAX_REDIRECTS + 1):
+        request = await _checked_request(client, policy, method, url, headers, body_argument)
+        response = await client.send(request, stream=True)
+        if not response.is_redirect:
+            try:
+                body, complete = await _read_bounded(response)
+            finally:
+                await response.aclose()
+            return response, body, complete
+        await response.aclose()
+        try:
+            next_url = url.join(response.headers["location"])
+        except httpx.InvalidURL as exc:
+            raise TaskError(f"{method} {url} redirected to an invalid URL: {exc}") from exc
+        if next_url.scheme not in ("http", "https") or not next_url.host:
+            raise TaskError(f"{method} {url} redirected to {next_url}, which is not an http(s) URL")
+        # As browsers and httpx do: 303 (and 301/302 after a POST) go on with a GET
+        # and no body; 307 and 308 repeat the request as it was.
+        if (response.status_code == 303 and method != "HEAD") or (
+                response.status_code in (301, 302) and method == "POST"):
+            method, body_argument = "GET", {}
+        if next_url.host != url.host:  # credentials meant for one host never go to another
+            headers = {k: v for k, v in headers.items() if k.lower() not in ("authorization", "cookie")}
+        url = next_url
+    raise TaskError(f"{method} {url}: more than {HTTP_MAX_REDIRECTS} redirects")
+
+
+async def _checked_request(client: httpx.AsyncClient, policy: TaskPolicy, method: str, url: httpx.URL,
+                           headers: dict[str, str], body_argument: dict) -> httpx.Request:
+    """A request to an address of url's host that the policy allows, every address checked."""
+    host = url.host
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        addresses = await resolve(host, port)
+    except OSError as exc:
+        raise TaskError(f"{method} {url} failed: cannot resolve {host}: {exc}") from exc
+    for address in addresses:
+        refusal = policy.refusal(host, address)
+        if refusal is not None:
+            raise TaskError(f"{method} {url} refused: {refusal}", reason="refused")
+    pinned = url.copy_with(host=str(addresses[0]))
+    sent = {k: v for k, v in headers.items() if k.lower() != "host"}
+    sent["Host"] = url.netloc.decode("ascii")
+    extensions = {}
+    if url.scheme == "https" and str(addresses[0]) != host.strip("[]"):
+        extensions["sni_hostname"] = host  # certificate checked against the name, not the address
+    return client.build_request(method, pinned, headers=sent, extensions=extensions, **body_argument)
 
 
 async def _read_bounded(response: httpx.Response) -> tuple[bytes, bool]:

@@ -7,9 +7,11 @@ import importlib
 import inspect
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 from uuid import UUID
+
+from qforge.workers.sandbox import TaskPolicy
 
 # Handled by executors.py before the registry is consulted, so a Python task of
 # the same name could never run.
@@ -28,6 +30,8 @@ class TaskContext:
     step: str | None = None
     timeout_seconds: float | None = None
     allow_shell: bool = False
+    # What shell and http steps may see and reach (QFORGE_SHELL_*, QFORGE_HTTP_ALLOW).
+    policy: TaskPolicy = field(default_factory=TaskPolicy)
 
 
 class TaskError(Exception):

@@ -36,6 +36,7 @@ from qforge.commands.claim import ClaimedJob, claim
 from qforge.commands.report import Outcome, Report
 from qforge.events.store import JOBS_CHANNEL
 from qforge.settings import Settings, get_settings
+from qforge.workers.sandbox import TaskPolicy
 from qforge.workers import reporting
 from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, Reconnecting, connect_async, describe
 from qforge.workers.executors import execute
@@ -81,6 +82,7 @@ class Worker:
         self.queue_set = frozenset(queues)
         self.concurrency = concurrency
         self.allow_shell = allow_shell
+        self.task_policy = TaskPolicy.from_settings(self.settings)
         self.info = workers.WorkerInfo(name=name, host=socket.gethostname(), pid=os.getpid(),
                                        queues=queues, concurrency=concurrency,
                                        started_at=datetime.now(timezone.utc))
@@ -246,7 +248,7 @@ class Worker:
     async def _execute(self, job: ClaimedJob) -> Any:
         ctx = TaskContext(job_id=job.id, attempt=job.attempt, task=job.task, queue=job.queue,
                           workflow_id=job.workflow_id, step=job.step, timeout_seconds=job.timeout_seconds,
-                          allow_shell=self.allow_shell)
+                          allow_shell=self.allow_shell, policy=self.task_policy)
         if job.timeout_seconds is None:
             return await execute(job.task, job.payload, ctx, thread_pool=self.task_threads)
         scope = asyncio.timeout(job.timeout_seconds)

@@ -245,6 +245,28 @@ def test_tag_search_finds_jobs_and_workflows_carrying_every_tag(dashboard: Dashb
     dashboard.assert_clean()
 
 
+def test_the_timeline_and_the_search_filter_by_who_wrote_the_events(dashboard: Dashboard, api: httpx.Client):
+    page = dashboard.open("/timeline?actor=browser-worker")
+    job_id = enqueue(api, task="echo", tags={"who": "by-actor"})  # written by "anonymous"
+    expect(row(page, job_id, "Claimed")).to_be_visible(timeout=8_000)
+    expect(row(page, job_id, "Claimed").locator("td.actor")).to_have_text("browser-worker")
+    expect(row(page, job_id, "Enqueued")).to_have_count(0)
+    page.fill("#filter-actor", "anonymous")
+    expect(row(page, job_id, "Enqueued")).to_be_visible()
+    expect(row(page, job_id, "Claimed")).to_have_count(0)
+    assert "actor=anonymous" in page.url
+
+    page = dashboard.open("/search")
+    page.fill("#tag-search", "who:by-actor")
+    page.fill("#actor-search", "nobody")
+    page.press("#tag-search", "Enter")
+    expect(page.locator("#search-results")).to_contain_text("No job or workflow")
+    page.fill("#actor-search", "anonymous")
+    page.press("#tag-search", "Enter")
+    expect(page.locator(f"#search-results tr.result[data-id='{job_id}']")).to_be_visible()
+    dashboard.assert_clean()
+
+
 def test_markup_in_payloads_tags_and_names_is_shown_as_text_and_runs_nothing(
         dashboard: Dashboard, api: httpx.Client):
     page = dashboard.open()
@@ -344,6 +366,9 @@ def test_the_token_is_asked_once_and_kept_for_the_session(dashboard: Dashboard, 
     assert httpx.get(f"{base}/queues").status_code == 401
 
     page = dashboard.page
+    stream_urls: list[str] = []
+    page.on("request", lambda request: stream_urls.append(request.url)
+            if "/events/stream?" in request.url else None)
     page.goto(f"{base}/#/queues")
     overlay = page.locator("#token-overlay")
     expect(overlay).to_be_visible()
@@ -363,3 +388,5 @@ def test_the_token_is_asked_once_and_kept_for_the_session(dashboard: Dashboard, 
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}) as authorized:
         job_id = enqueue(authorized, task="echo", payload={"via": "token"})
     expect(row(page, job_id, "Succeeded")).to_be_visible(timeout=8_000)
+    # The stream opens with a short-lived ticket: the token never goes into a URL.
+    assert stream_urls and all(token not in url and "ticket=" in url for url in stream_urls)

@@ -3,8 +3,8 @@
 // When QFORGE_API_TOKEN is set on the server every route answers 401 without
 // it. The first 401 opens a small form (once, however many requests are
 // waiting); the token is kept in sessionStorage for this tab's session and
-// sent as `Authorization: Bearer` (fetch) or `?token=` (EventSource, which
-// cannot set headers).
+// sent as `Authorization: Bearer`. The stream (EventSource cannot set headers)
+// gets a short-lived ticket instead (live.js): the token never goes into a URL.
 
 import { h } from "./dom.js";
 
@@ -44,13 +44,14 @@ function showTokenForm(rejected) {
   return new Promise((resolve) => {
     const input = h("input", {
       type: "password", name: "token", autocomplete: "off", required: true,
-      placeholder: "QFORGE_API_TOKEN", "aria-label": "API token",
+      placeholder: "API token", "aria-label": "API token",
     });
     const form = h("form", { class: "token-form" },
       h("h2", null, "API token required"),
       h("p", null, rejected
-        ? "The server rejected that token. Enter the value of QFORGE_API_TOKEN."
-        : "This QForge API needs a token. It is kept for this browser tab's session only."),
+        ? "The server rejected that token (unknown or revoked). Enter another."
+        : "This QForge API needs a token (`qforge token create NAME --scope read`)."
+          + " It is kept for this browser tab's session only."),
       input,
       h("div", { class: "actions" }, h("button", { type: "submit", class: "btn primary" }, "Continue")));
     const overlay = h("div", { class: "overlay", id: "token-overlay" }, form);

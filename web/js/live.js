@@ -7,8 +7,12 @@
 // - no gaps: on a network error EventSource reconnects by itself and sends
 //   Last-Event-ID; when it gives up (a non-200 answer such as a restart or a
 //   401) we open a new one with ?after=<last id seen>.
+// EventSource cannot send the token in a header, and a token in a URL ends up
+// in logs: each stream opens with a short-lived ticket from
+// POST /events/stream-ticket instead (an expired one fails the reconnect, and
+// the reopen below asks for a fresh one).
 
-import { api, ApiError, getToken, query } from "./api.js";
+import { api, ApiError, query } from "./api.js";
 
 // EventSource only dispatches named events ("event: Claimed") to listeners
 // registered for that name: every type of the log, from GET /js/states.js.
@@ -79,14 +83,25 @@ function onMessage(message) {
   }
 }
 
-function open() {
+async function open() {
   clearTimeout(reconnectTimer);
   if (source) source.close();
-  opened += 1;
-  const token = getToken();
+  source = null;
+  const mine = ++opened;
+  let ticket;
+  try {
+    ({ ticket } = await api("/events/stream-ticket", { method: "POST" }));
+  } catch (error) {
+    if (mine === opened) {
+      setState("reconnecting");
+      scheduleReopen();
+    }
+    return;
+  }
+  if (mine !== opened) return; // a newer open() (a token entered meanwhile) won
   // The first stream opens with a little recent history; reconnects resume exactly.
   const backlog = lastEventId ? undefined : 200;
-  const url = `/events/stream${query({ after: lastEventId, backlog, token })}`;
+  const url = `/events/stream${query({ after: lastEventId, backlog, ticket })}`;
   source = new EventSource(url);
   source.addEventListener("open", () => {
     reconnectDelay = 500;

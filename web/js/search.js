@@ -51,10 +51,16 @@ export function mountSearch(container, params) {
     id: "tag-search", name: "tags", value: initial, placeholder: "order_id:A-1001 customer:acme",
     autocomplete: "off", spellcheck: "false", "aria-label": "Tags",
   });
+  // Who: a token's name (the actor of the events its requests wrote), a worker, the monitor.
+  const actorInput = h("input", {
+    id: "actor-search", name: "actor", value: params.get("actor") ?? "", placeholder: "by (token name)",
+    autocomplete: "off", spellcheck: "false", "aria-label": "Actor",
+  });
   const message = h("p", { class: "form-message", "aria-live": "polite" });
   const results = h("div", { id: "search-results" });
   const form = h("form", { class: "search-form" },
-    input, h("button", { class: "btn primary", type: "submit" }, "Search"));
+    input, actorInput, h("button", { class: "btn primary", type: "submit" }, "Search"));
+  const actorOf = () => actorInput.value.trim() || undefined;
   let generation = 0;
 
   async function run(tags) {
@@ -67,7 +73,7 @@ export function mountSearch(container, params) {
     }
     results.setAttribute("aria-busy", "true");
     try {
-      const body = await api(`/executions${query({ tag: tags })}`);
+      const body = await api(`/executions${query({ tag: tags, actor: actorOf() })}`);
       if (mine !== generation) return;
       const items = executionsOf(body);
       clear(results);
@@ -81,13 +87,14 @@ export function mountSearch(container, params) {
       const tbody = h("tbody", null, items.map(resultRow));
       const more = h("button", { class: "btn", type: "button", id: "search-more" }, "Show more");
       const describe = () => {
-        count.textContent = `${shown}${next ? "+" : ""} execution${shown === 1 ? "" : "s"} with ${tags.join(" ")}, newest first`;
+        count.textContent = `${shown}${next ? "+" : ""} execution${shown === 1 ? "" : "s"} with ${tags.join(" ")}`
+          + `${actorOf() ? ` touched by ${actorOf()}` : ""}, newest first`;
         more.hidden = !next;
       };
       more.addEventListener("click", async () => {
         more.disabled = true;
         try {
-          const page = await api(`/executions${query({ tag: tags, cursor: next })}`);
+          const page = await api(`/executions${query({ tag: tags, actor: actorOf(), cursor: next })}`);
           if (mine !== generation) return;
           const extra = executionsOf(page);
           tbody.append(...extra.map(resultRow));
@@ -124,7 +131,7 @@ export function mountSearch(container, params) {
       message.textContent = `Not a key:value tag: ${bad.join(", ")}`;
       return;
     }
-    history.replaceState(null, "", `#/search${query({ tag: tags })}`);
+    history.replaceState(null, "", `#/search${query({ tag: tags, actor: actorOf() })}`);
     run(tags);
   });
 

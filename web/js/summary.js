@@ -56,6 +56,8 @@ const DESCRIBE = {
   WorkflowSucceeded: () => ["all steps done"],
   WorkflowFailed: (d) => [d.error != null ? compact(d.error, 140) : "failed"],
   WorkflowCancelled: (d) => [d.reason || "cancelled"],
+  TokenCreated: (d) => [d.name ? `token “${d.name}”` : null, d.scope ? `scope ${d.scope}` : null],
+  TokenRevoked: (d) => [d.name ? `token “${d.name}” revoked` : "revoked"],
 };
 
 /** "attempt 2 · retry in 400 ms · at 14:03:22" */

@@ -64,6 +64,7 @@ function parseFilters(params) {
     type: params.get("type") || "",
     queue: params.get("queue") || "",
     workflow: (params.get("workflow") || "").trim(),
+    actor: (params.get("actor") || "").trim(),
     heartbeats: params.get("heartbeats") === "1",
   };
 }
@@ -71,6 +72,7 @@ function parseFilters(params) {
 function matches(event, filters) {
   if (event.type === "Heartbeat" && !filters.heartbeats && filters.type !== "Heartbeat") return false;
   if (filters.type && event.type !== filters.type) return false;
+  if (filters.actor && event.actor !== filters.actor) return false;
   if (filters.workflow) {
     const workflowId = event.workflow_id || (event.stream_type === "workflow" ? event.stream_id : "");
     if (!String(workflowId || "").includes(filters.workflow)) return false;
@@ -86,6 +88,10 @@ function matches(event, filters) {
 }
 
 function executionCell(event) {
+  if (event.stream_type === "token") { // an API token made or revoked: no page of its own
+    return h("td", { class: "exec" },
+      h("span", { class: "kind" }, "token"), " ", (event.data && event.data.name) || shortId(event.stream_id));
+  }
   if (event.stream_type === "workflow") {
     const name = workflowName(event.stream_id) || (event.data && event.data.name);
     return h("td", { class: "exec" },
@@ -124,11 +130,12 @@ function eventRow(event) {
   executionCell(event),
   ...jobCells(event),
   h("td", { class: "tagcell" }, tagChips(event.tags)),
+  h("td", { class: "actor" }, event.actor ?? "—"),
   h("td", { class: "summary", title: summary }, summary));
 }
 
 function detailRow(event) {
-  return h("tr", { class: "detail" }, h("td", { colspan: 7 },
+  return h("tr", { class: "detail" }, h("td", { colspan: 8 },
     h("div", { class: "detail-meta" },
       `position ${event.position} · version ${event.version} · actor ${event.actor ?? "—"} · `,
       `${event.occurred_at ?? ""}`),
@@ -161,6 +168,10 @@ export function mountTimeline(container, params) {
   const queueSelect = selectOf("queue", queueOptions(), filters.queue, "Queue");
   const workflowInput = h("input", {
     id: "filter-workflow", name: "workflow", value: filters.workflow, placeholder: "workflow id",
+    spellcheck: "false", autocomplete: "off",
+  });
+  const actorInput = h("input", {
+    id: "filter-actor", name: "actor", value: filters.actor, placeholder: "token, worker…",
     spellcheck: "false", autocomplete: "off",
   });
   const heartbeats = h("input", { type: "checkbox", id: "filter-heartbeats", checked: filters.heartbeats });
@@ -237,6 +248,7 @@ export function mountTimeline(container, params) {
     if (filters.type) search.set("type", filters.type);
     if (filters.queue) search.set("queue", filters.queue);
     if (filters.workflow) search.set("workflow", filters.workflow);
+    if (filters.actor) search.set("actor", filters.actor);
     if (filters.heartbeats) search.set("heartbeats", "1");
     const text = search.toString();
     history.replaceState(null, "", `#/timeline${text ? `?${text}` : ""}`);
@@ -246,6 +258,7 @@ export function mountTimeline(container, params) {
     filters.type = typeSelect.querySelector("select").value;
     filters.queue = queueSelect.querySelector("select").value;
     filters.workflow = workflowInput.value.trim();
+    filters.actor = actorInput.value.trim();
     filters.heartbeats = heartbeats.checked;
     syncHash();
     renderAll();
@@ -254,6 +267,7 @@ export function mountTimeline(container, params) {
   typeSelect.addEventListener("change", onFilterChange);
   queueSelect.addEventListener("change", onFilterChange);
   workflowInput.addEventListener("input", onFilterChange);
+  actorInput.addEventListener("input", onFilterChange);
   heartbeats.addEventListener("change", onFilterChange);
   pauseButton.addEventListener("click", () => setPaused(!paused));
 
@@ -316,6 +330,7 @@ export function mountTimeline(container, params) {
         h("div", { class: "spacer" }),
         typeSelect, queueSelect,
         h("label", { class: "field" }, h("span", null, "Workflow"), workflowInput),
+        h("label", { class: "field" }, h("span", null, "By"), actorInput),
         h("label", { class: "check" }, heartbeats, " heartbeats")),
       h("div", { class: "table-wrap" },
         h("table", { class: "events" },
@@ -323,6 +338,7 @@ export function mountTimeline(container, params) {
             h("th", { class: "time" }, "Time"), h("th", { class: "type" }, "Event"),
             h("th", { class: "exec" }, "Job / workflow"), h("th", { class: "step" }, "Step"),
             h("th", { class: "queue" }, "Queue"), h("th", { class: "tagcell" }, "Tags"),
+            h("th", { class: "actor" }, "By"),
             h("th", null, "Summary"))),
           tbody),
         empty),

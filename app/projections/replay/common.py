@@ -49,6 +49,7 @@ PROJECTIONS = (
     Projection("workflows"),
     Projection("jobs"),
     Projection("execution_tags", verify_whole=True),
+    Projection("tokens"),  # API tokens (migrations/0011, definitions/70_tokens.sql)
 )
 
 Progress = Callable[[int, int], None]  # (events read so far, events in the log)
