@@ -31,7 +31,13 @@ ORDER = [states.BLOCKED, states.PENDING, states.WAITING, states.RUNNING, states.
 # Events whose colour is not simply the status they lead to: a failed attempt
 # is red although the job still runs; a scheduled retry waits.
 EVENT_COLOUR_OVERRIDES = {ev.Failed.type: states.FAILED, ev.Retried.type: states.WAITING,
-                          ev.Enqueued.type: states.PENDING, ev.StepUnblocked.type: states.PENDING}
+                          ev.Enqueued.type: states.PENDING, ev.StepUnblocked.type: states.PENDING,
+                          # flow control's streams have no statuses: shown in the nearest colour
+                          ev.ScheduleCreated.type: states.PENDING, ev.ScheduleUpdated.type: states.PENDING,
+                          ev.SchedulePaused.type: states.WAITING, ev.ScheduleResumed.type: states.RUNNING,
+                          ev.ScheduleFired.type: states.SUCCEEDED, ev.ScheduleSkipped.type: states.SKIPPED,
+                          ev.ScheduleDeleted.type: states.CANCELLED, ev.QueueConfigured.type: states.PENDING,
+                          ev.QueuePaused.type: states.WAITING, ev.QueueResumed.type: states.RUNNING}
 
 
 def event_status() -> dict[str, str]:

@@ -162,6 +162,9 @@ class QueueStats(BaseModel):
     counts: dict[str, int] = Field(description="jobs by status (every status, zeros included)")
     oldest_pending_age_seconds: float | None = Field(
         description="how long the oldest due pending job has waited; null when none waits")
+    paused: bool = Field(default=False, description="a paused queue is not claimed (PUT /queues/{name})")
+    rate_per_second: float | None = Field(default=None, description="claims per second at most; null: no limit")
+    burst: int | None = None
 
 
 class QueueList(BaseModel):

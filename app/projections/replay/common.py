@@ -49,6 +49,9 @@ PROJECTIONS = (
     Projection("workflows"),
     Projection("jobs"),
     Projection("execution_tags", verify_whole=True),
+    # flow control's settings (definitions/65_flow.sql, flow_project)
+    Projection("schedules", verify_whole=True),
+    Projection("queue_settings", verify_whole=True),
 )
 
 Progress = Callable[[int, int], None]  # (events read so far, events in the log)
