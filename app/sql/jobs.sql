@@ -41,6 +41,14 @@ RETURNING stream_id
 -- name: job_ids_by_idempotency_key
 SELECT stream_id, key FROM idempotency_keys WHERE stream_type = 'job' AND key = ANY(%(keys)s::text[])
 
+-- name: job_claim_plan
+-- The claim's plan is the same for every call (its parts are each an index
+-- walk in claim order), but the planner, estimating the generic plan of a
+-- statement this size above the custom ones, would plan it afresh on every
+-- call: about half of the claim's own CPU (measured, bench/qf_flow.py --parts
+-- cpu). For the claim's transaction only.
+SET LOCAL plan_cache_mode = force_generic_plan
+
 -- name: job_claim
 -- The claim is one statement. It locks claimable rows with FOR UPDATE SKIP
 -- LOCKED, walking partial claim indexes in their own order (priority DESC,
@@ -73,6 +81,7 @@ WITH RECURSIVE clock AS MATERIALIZED (
      CROSS JOIN clock c
      CROSS JOIN LATERAL (SELECT least(f.burst::float8, b.tokens + f.rate_per_second
                                       * greatest(extract(epoch FROM c.at - b.refilled_at)::float8, 0)) AS tokens) x
+     ORDER BY b.queue  -- buckets of several queues: locked in one order by every claimer
        FOR UPDATE OF b
 ), quota AS MATERIALIZED (
     SELECT f.queue, least(%(limit)s, coalesce(b.allowed, %(limit)s)) AS allowed
@@ -116,18 +125,24 @@ WITH RECURSIVE clock AS MATERIALIZED (
                AND j.queue IN (SELECT queue FROM quota WHERE allowed > 0)
                AND j.run_at <= (SELECT at FROM clock)
              ORDER BY j.priority DESC, j.run_at, j.id
-             LIMIT least(s.free, %(limit)s)
+             -- a share of the batch per key: locking `limit` rows of every key
+             -- to keep `limit` of them all would cost a lock per row for nothing
+             LIMIT least(s.free, ceil(%(limit)s::float8 / (SELECT count(*) FROM slots))::integer)
                FOR UPDATE SKIP LOCKED) c
 ), tenants(queue, key) AS (
     -- per queue, the fairness keys with pending jobs: a skip scan of jobs_claim_fair
-    SELECT qu.queue, (SELECT min(j.fairness_key) FROM jobs j
+    -- (ORDER BY ... LIMIT 1 rather than min(): the planner then knows each step is
+    -- one index probe, and the claim's estimate stays far below jit_above_cost)
+    SELECT qu.queue, (SELECT j.fairness_key FROM jobs j
                        WHERE j.status = 'pending' AND j.queue = qu.queue
-                         AND j.fairness_key IS NOT NULL AND j.concurrency_key IS NULL)
+                         AND j.fairness_key IS NOT NULL AND j.concurrency_key IS NULL
+                       ORDER BY j.fairness_key LIMIT 1)
       FROM quota qu WHERE qu.allowed > 0
     UNION ALL
-    SELECT t.queue, (SELECT min(j.fairness_key) FROM jobs j
+    SELECT t.queue, (SELECT j.fairness_key FROM jobs j
                       WHERE j.status = 'pending' AND j.queue = t.queue
-                        AND j.fairness_key > t.key AND j.concurrency_key IS NULL)
+                        AND j.fairness_key > t.key AND j.concurrency_key IS NULL
+                      ORDER BY j.fairness_key LIMIT 1)
       FROM tenants t WHERE t.key IS NOT NULL
 ), fair AS MATERIALIZED (
     SELECT c.*
@@ -141,7 +156,9 @@ WITH RECURSIVE clock AS MATERIALIZED (
                AND j.concurrency_key IS NULL
                AND j.run_at <= (SELECT at FROM clock)
              ORDER BY j.priority DESC, j.run_at, j.id
-             LIMIT qu.allowed
+             -- the key's share of the batch (see keyed)
+             LIMIT ceil(qu.allowed::float8 / (SELECT count(*) FROM tenants x
+                                               WHERE x.queue = t.queue AND x.key IS NOT NULL))::integer
                FOR UPDATE SKIP LOCKED) c
      WHERE t.key IS NOT NULL
 ), ranked AS (
