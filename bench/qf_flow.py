@@ -192,7 +192,11 @@ def _b_latencies(url: str, backlog: int, samples: int) -> dict[str, Any]:
         conn.execute("ANALYZE jobs")
         workers = [_worker(url, f"fair-{n}") for n in range(2)]
         try:
-            time.sleep(2)  # the workers start and the drain of A gets going
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and conn.execute(
+                    "SELECT count(*) FROM workers WHERE status = 'running'").fetchone()[0] < len(workers):
+                time.sleep(0.1)  # both workers serve (and, with a backlog, drain A) before B starts
+            time.sleep(1)
             ids = []
             for _ in range(samples):
                 ids.append(enqueue(conn, [JobSpec(task="bench_noop", fairness_key="B")], actor="bench")[0].id)
@@ -266,6 +270,36 @@ def run(admin_url: str, *, parts: tuple[str, ...] = ("claim", "fairness", "rate"
     return results
 
 
+def markdown(results: dict[str, Any]) -> str:
+    """The flow-control table of run.py --parts flow."""
+    rows = ["| flow control | figure | goal |", "| --- | --- | --- |"]
+    claim = results.get("claim")
+    if claim:
+        plain = claim["plain"]
+        rows.append(f"| claim+complete, plain jobs ({claim['jobs']:,}, 2 connections, batches of 100) | "
+                    f"{plain['jobs_per_s']['median']:,.0f} jobs/s, "
+                    f"{plain['postgres_cpu_us_per_job']['median']:.0f} µs PostgreSQL CPU/job | |")
+        for variant, label in (("keys", f"concurrency keys ({KEYS} keys, limits far above the drain)"),
+                               ("rate", "rate limit far above the drain"),
+                               ("fair", f"fairness keys ({KEYS} keys)")):
+            if variant in claim:
+                v = claim[variant]
+                rows.append(f"| claim+complete, {label} | {v['jobs_per_s']['median']:,.0f} jobs/s "
+                            f"({v['ratio_to_plain']:.2f}x plain), {v['postgres_cpu_us_per_job']['median']:.0f} µs "
+                            f"PostgreSQL CPU/job | >= 0.8x plain: {'met' if v['ratio_to_plain'] >= 0.8 else 'NOT met'} |")
+    fair = results.get("fairness")
+    if fair:
+        rows.append(f"| fairness: B (1 job/s) enqueue-to-start p99, A's {fair['backlog_of_a']:,} jobs queued first"
+                    f" | {fair['loaded']['p99_ms']:.0f} ms (empty queue: {fair['empty']['p99_ms']:.0f} ms; "
+                    f"{fair['p99_ratio']:.2f}x) | <= 2x: {'met' if fair['p99_ratio'] <= 2 else 'NOT met'} |")
+    rate = results.get("rate")
+    if rate:
+        rows.append(f"| rate limit {rate['rate_per_second']:.0f}/s, 3 worker processes, {rate['seconds']:.0f} s"
+                    f" | {rate['measured_per_second']:.2f}/s ({rate['error_pct']:+.1f} %) | within 5 %: "
+                    f"{'met' if abs(rate['error_pct']) <= 5 else 'NOT met'} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--database-url", required=True, help="admin URL; databases are created beside it")
@@ -289,6 +323,8 @@ def main() -> None:
         results = run(args.database_url, parts=parts, jobs=args.jobs, repeat=args.repeat, backlog=args.backlog,
                       samples=args.samples, rate_seconds=args.rate_seconds)
     print(json.dumps(results, indent=2, default=str))
+    if "cpu" not in results:
+        print(markdown(results))
 
 
 if __name__ == "__main__":
