@@ -90,14 +90,26 @@ def claim_variant(admin_url: str, variant: str, jobs: int, *, threads: int = 2, 
             errors.append(exc)
             barrier.abort()
 
+    done = threading.Event()
+
+    def monitor() -> None:
+        """What `qforge monitor` does every tick for concurrency keys (every variant runs it)."""
+        with psycopg.connect(url, autocommit=True) as conn:
+            while not done.wait(1.0):
+                conn.execute("SELECT concurrency_compact()")
+
     workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
     for worker in workers:
         worker.start()
     barrier.wait()
     started = time.perf_counter()
+    compactor = threading.Thread(target=monitor)
+    compactor.start()
     for worker in workers:
         worker.join()
     elapsed = time.perf_counter() - started
+    done.set()
+    compactor.join()
     if errors:
         raise errors[0]
     if sum(counts) != jobs:

@@ -20,17 +20,25 @@ CREATE INDEX jobs_claim_keyed ON jobs (concurrency_key, priority DESC, run_at, i
 CREATE INDEX jobs_claim_fair ON jobs (queue, fairness_key, priority DESC, run_at, id)
     WHERE status = 'pending' AND fairness_key IS NOT NULL AND concurrency_key IS NULL;
 
--- How many jobs of each concurrency key run now, and the key's limit (the
--- limit of its latest job). A projection of jobs kept by the statements that
--- change jobs (definitions/65_flow.sql). A claim locks the key's row: the row
--- (not a count over jobs, which the claim's snapshot may see stale) is what
--- serialises the claimers of one key.
+-- How many jobs of each concurrency key run now: claimed (a counter kept by
+-- the claims, which hold the key's row) less released (rows appended by
+-- whatever ends a running job, without touching the key's row, so a finishing
+-- job never waits for a claim nor a claim for it). Both only grow; the monitor
+-- sums released rows per key. A claim locks the key's row, reads claimed from
+-- it (the newest value) and the released rows of its snapshot (perhaps not the
+-- newest: it may under-use a slot for a moment, never exceed the limit).
+-- Kept by triggers on jobs (definitions/65_flow.sql).
 CREATE TABLE concurrency_slots (
     key     text PRIMARY KEY,
-    lim     integer NOT NULL CHECK (lim >= 1),
-    running integer NOT NULL DEFAULT 0
+    lim     integer NOT NULL CHECK (lim >= 1),   -- the limit of the key's latest job
+    claimed bigint  NOT NULL DEFAULT 0
 );
-INSERT INTO concurrency_slots (key, lim, running)
+CREATE TABLE concurrency_releases (
+    key      text   NOT NULL,
+    released bigint NOT NULL
+);
+CREATE INDEX concurrency_releases_key ON concurrency_releases (key);
+INSERT INTO concurrency_slots (key, lim, claimed)
 SELECT concurrency_key, max(concurrency_limit), count(*) FILTER (WHERE status = 'running')
   FROM jobs WHERE concurrency_key IS NOT NULL GROUP BY concurrency_key;
 

@@ -221,17 +221,32 @@ def test_concurrency_limit_holds_and_other_keys_are_not_blocked(conn: psycopg.Co
     tenant_a = [make_job(conn, concurrency_key="a", concurrency_limit=2, priority=5) for _ in range(20)]
     other = [make_job(conn, concurrency_key="b", concurrency_limit=1) for _ in range(3)]
     plain = make_job(conn)
-    first = claim(conn, ["default"], 100, "w")
+    # (a claim takes half the keys at most, so that claimers at once share them: claim again)
+    first = [c for _ in range(3) for c in claim(conn, ["default"], 100, "w")]
     assert {c.id for c in first} == set(tenant_a[:2]) | {other[0], plain}
     assert claim(conn, ["default"], 100, "w") == []  # every key at its limit
-    complete(conn, [Report(first[0].id, first[0].attempt)], actor="w")
-    again = claim(conn, ["default"], 100, "w")
+    done = next(c for c in first if c.id == tenant_a[0])
+    complete(conn, [Report(done.id, done.attempt)], actor="w")
+    again = [c for _ in range(2) for c in claim(conn, ["default"], 100, "w")]
     assert [c.id for c in again] == [tenant_a[2]]
-    assert conn.execute("SELECT running FROM concurrency_slots WHERE key = 'a'").fetchone()["running"] == 2
+    assert conn.execute("SELECT running FROM concurrency_running WHERE key = 'a'").fetchone()["running"] == 2
+    assert conn.execute("SELECT concurrency_compact() AS n").fetchone()["n"] >= 0
+    assert conn.execute("SELECT running FROM concurrency_running WHERE key = 'a'").fetchone()["running"] == 2
+    assert conn.execute("SELECT count(*) AS n FROM concurrency_releases").fetchone()["n"] == 1
 
 
 def test_concurrency_key_needs_its_limit(api: httpx.Client) -> None:
     assert_error(api.post("/jobs", json={"task": "echo", "concurrency_key": "k"}), 422, "concurrency_limit")
+    assert_error(api.post("/jobs", json={"task": "echo", "concurrency_key": "k", "concurrency_limit": 0}), 422,
+                 "concurrency_limit")
+    job = api.post("/jobs", json={"task": "echo", "concurrency_key": "k", "concurrency_limit": 3,
+                                  "fairness_key": "t-1"}).json()
+    assert (job["concurrency_key"], job["concurrency_limit"], job["fairness_key"]) == ("k", 3, "t-1")
+    step = api.post("/workflows", json={"name": "w", "steps": [
+        {"step": "a", "task": "echo", "concurrency_key": "k", "concurrency_limit": 1, "fairness_key": "t-2"}]})
+    assert step.status_code == 201, step.text
+    job_id = step.json()["steps"][0]["job_id"]
+    assert api.get(f"/jobs/{job_id}").json()["fairness_key"] == "t-2"
 
 
 # --------------------------------------------------------------------------- fairness

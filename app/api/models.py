@@ -42,6 +42,9 @@ class JobView(BaseModel):
     heartbeat_at: datetime | None = None
     created_at: datetime
     updated_at: datetime
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    fairness_key: str | None = None
 
 
 class JobList(BaseModel):

@@ -63,8 +63,7 @@ SET LOCAL plan_cache_mode = force_generic_plan
 -- in use): a paused queue is left out; a rate-limited queue's token bucket is
 -- locked (its claimers take turns) and bounds that queue's share; jobs with a
 -- concurrency key come only from keys with a free slot (the key's row is
--- locked, SKIP LOCKED: a key busy in another claim is passed over, never
--- waited for), at most the free slots each; jobs with a fairness key come per
+-- locked), at most the free slots each; jobs with a fairness key come per
 -- key, and within a priority the claim takes them round-robin across keys
 -- (jobs without a key count as one more key).
 WITH RECURSIVE clock AS MATERIALIZED (
@@ -110,10 +109,21 @@ WITH RECURSIVE clock AS MATERIALIZED (
              ORDER BY j.concurrency_key LIMIT 1)
       FROM keys k WHERE k.key IS NOT NULL
 ), slots AS MATERIALIZED (
-    SELECT s.key, s.lim - s.running AS free
+    -- Keys with a free slot and pending jobs here, locked SKIP LOCKED (a key in
+    -- another claim is passed over, never waited for), half of them at most, in
+    -- random order: two claimers at once share the keys instead of one taking
+    -- them all and the other none.
+    SELECT s.key, x.free
       FROM concurrency_slots s
-     WHERE s.key IN (SELECT key FROM keys WHERE key IS NOT NULL) AND s.running < s.lim
-       FOR UPDATE SKIP LOCKED
+     CROSS JOIN LATERAL (SELECT s.lim - s.claimed + coalesce((SELECT sum(r.released) FROM concurrency_releases r
+                                                              WHERE r.key = s.key), 0) AS free) x
+     WHERE s.key IN (SELECT key FROM keys WHERE key IS NOT NULL) AND x.free > 0
+       -- one probe per key (a scalar subquery: as EXISTS the planner would hash all keyed jobs)
+       AND (SELECT true FROM jobs j WHERE j.status = 'pending' AND j.concurrency_key = s.key
+               AND j.queue = ANY(%(queues)s::text[]) ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1)
+     ORDER BY random()
+     LIMIT (SELECT ceil(count(*) / 2.0) FROM keys WHERE key IS NOT NULL)
+       FOR UPDATE OF s SKIP LOCKED
 ), keyed AS MATERIALIZED (
     SELECT c.*
       FROM slots s

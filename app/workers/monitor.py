@@ -122,6 +122,7 @@ class Monitor:
             if made:
                 log.info("created %d log partition(s) ahead of the appends", made)
             cur.execute(q("counters_compact"))
+            cur.execute(q("concurrency_compact"))
         fired = sum(_drain_counts(lambda: fire_timers(conn, limit=BATCH_LIMIT, actor=self.actor)))
         if fired:
             log.info("fired %d timers (sleep steps ended, trigger waits timed out)", fired)

@@ -77,22 +77,23 @@ CREATE OR REPLACE TRIGGER events_project_flow AFTER INSERT ON events
     REFERENCING NEW TABLE AS new_events
     FOR EACH STATEMENT EXECUTE FUNCTION flow_project();
 
--- Running jobs per concurrency key, kept by every statement that changes jobs.
--- A key's row is created by its first job; rows are written in key order, so
--- two statements touching several keys cannot deadlock. A statement without
--- keyed jobs leaves after one look at its rows.
+-- Running jobs per concurrency key (see concurrency_slots, migration 0010):
+-- a job that starts running adds to its key's claimed (the claim holds the
+-- key's row already; other writers lock rows in key order), one that stops
+-- running appends to concurrency_releases (no lock on the key's row). A
+-- statement without keyed jobs leaves after one look at its rows.
 CREATE OR REPLACE FUNCTION jobs_concurrency_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM new_jobs WHERE concurrency_key IS NOT NULL) THEN
         RETURN NULL;
     END IF;
-    -- The latest job's limit is the key's (a rewrite only when it changes).
-    INSERT INTO concurrency_slots AS s (key, lim, running)
+    -- A key's row comes with its first job; the latest job's limit is the key's.
+    INSERT INTO concurrency_slots AS s (key, lim, claimed)
     SELECT concurrency_key, max(concurrency_limit), count(*) FILTER (WHERE status = 'running')
       FROM new_jobs WHERE concurrency_key IS NOT NULL
      GROUP BY concurrency_key ORDER BY concurrency_key
-    ON CONFLICT (key) DO UPDATE SET lim = excluded.lim, running = s.running + excluded.running
-     WHERE s.lim <> excluded.lim OR excluded.running <> 0;
+    ON CONFLICT (key) DO UPDATE SET lim = excluded.lim, claimed = s.claimed + excluded.claimed
+     WHERE s.lim <> excluded.lim OR excluded.claimed <> 0;
     RETURN NULL;
 END $$;
 
@@ -101,31 +102,32 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM new_jobs WHERE concurrency_key IS NOT NULL) THEN
         RETURN NULL;
     END IF;
-    WITH delta AS (
-        SELECT key, sum(n) AS n
-          FROM (SELECT concurrency_key AS key, -1 AS n FROM old_jobs
-                 WHERE concurrency_key IS NOT NULL AND status = 'running'
-                UNION ALL
-                SELECT concurrency_key, 1 FROM new_jobs
-                 WHERE concurrency_key IS NOT NULL AND status = 'running') x
-         GROUP BY key HAVING sum(n) <> 0
+    WITH moved AS (
+        SELECT n.concurrency_key AS key,
+               count(*) FILTER (WHERE n.status = 'running' AND o.status <> 'running') AS started,
+               count(*) FILTER (WHERE o.status = 'running' AND n.status <> 'running') AS stopped
+          FROM new_jobs n JOIN old_jobs o ON o.id = n.id
+         WHERE n.concurrency_key IS NOT NULL AND (n.status = 'running') <> (o.status = 'running')
+         GROUP BY n.concurrency_key
     ), locked AS MATERIALIZED (
-        -- in key order (the lock sits above the sort): no deadlock between two statements
-        SELECT s.key FROM concurrency_slots s WHERE s.key IN (SELECT key FROM delta)
+        -- in key order (the lock sits above the sort); a claim holds these already
+        SELECT s.key FROM concurrency_slots s WHERE s.key IN (SELECT key FROM moved WHERE started > 0)
          ORDER BY s.key FOR UPDATE
+    ), counted AS (
+        UPDATE concurrency_slots s SET claimed = s.claimed + m.started
+          FROM moved m
+         WHERE s.key = m.key AND s.key IN (SELECT key FROM locked)
     )
-    UPDATE concurrency_slots s SET running = s.running + d.n
-      FROM delta d
-     WHERE s.key = d.key AND s.key IN (SELECT key FROM locked);
+    INSERT INTO concurrency_releases (key, released)
+    SELECT key, stopped FROM moved WHERE stopped > 0;
     RETURN NULL;
 END $$;
 
 CREATE OR REPLACE FUNCTION jobs_concurrency_delete() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE concurrency_slots s SET running = s.running - d.n
-      FROM (SELECT concurrency_key AS key, count(*) AS n FROM old_jobs
-             WHERE concurrency_key IS NOT NULL AND status = 'running' GROUP BY 1) d
-     WHERE s.key = d.key;
+    INSERT INTO concurrency_releases (key, released)
+    SELECT concurrency_key, count(*) FROM old_jobs
+     WHERE concurrency_key IS NOT NULL AND status = 'running' GROUP BY 1;
     RETURN NULL;
 END $$;
 
@@ -136,3 +138,23 @@ CREATE OR REPLACE TRIGGER jobs_concurrency_update AFTER UPDATE ON jobs
     FOR EACH STATEMENT EXECUTE FUNCTION jobs_concurrency_update();
 CREATE OR REPLACE TRIGGER jobs_concurrency_delete AFTER DELETE ON jobs
     REFERENCING OLD TABLE AS old_jobs FOR EACH STATEMENT EXECUTE FUNCTION jobs_concurrency_delete();
+
+-- One released row per key (the monitor's leader, every tick). The rows it
+-- replaces and the one it writes have the same sum, and a reader's snapshot
+-- sees either the former or the latter: never both, never neither.
+CREATE OR REPLACE FUNCTION concurrency_compact() RETURNS bigint LANGUAGE sql AS $$
+    WITH moved AS (
+        DELETE FROM concurrency_releases RETURNING key, released
+    ), summed AS (
+        INSERT INTO concurrency_releases (key, released)
+        SELECT key, sum(released) FROM moved GROUP BY key
+        RETURNING key
+    )
+    SELECT (SELECT count(*) FROM moved) - (SELECT count(*) FROM summed)
+$$;
+
+-- How many jobs of each key run now (tests, operators).
+CREATE OR REPLACE VIEW concurrency_running AS
+SELECT s.key, s.lim, s.claimed - coalesce((SELECT sum(r.released) FROM concurrency_releases r
+                                            WHERE r.key = s.key), 0) AS running
+  FROM concurrency_slots s;
