@@ -165,16 +165,21 @@ def test_definition_schedule_without_stored_definitions_is_refused(api: httpx.Cl
     assert body["error"] == "validation"
 
 
-def test_definition_schedule_starts_a_run_per_tick(conn: psycopg.Connection) -> None:
-    definitions = pytest.importorskip("qforge.commands.definitions")
-    from qforge.commands.specs import WorkflowSpec
-    steps = WorkflowSpec(name="etl", steps=[{"step": "a", "task": "echo"}])
-    definitions.put_definition(conn, "etl", steps.model_dump(mode="json"))
-    schedules.create_schedule(conn, ScheduleSpec(name="etl-hourly", cron="* * * * * *", definition="etl",
-                                                 inputs={"day": 1}), now=T0)
-    fire_due(conn, actor="m", grace_seconds=60, now=T0 + timedelta(seconds=3))
-    fire_due(conn, actor="m", grace_seconds=60, now=T0 + timedelta(seconds=3))
+def test_definition_schedule_starts_a_run_per_tick(api: httpx.Client, conn: psycopg.Connection) -> None:
+    pytest.importorskip("qforge.commands.definitions")  # stored definitions (issue 15)
+    stored = api.put("/definitions/etl", json={"steps": [{"step": "a", "task": "echo"}]})
+    assert stored.status_code in (200, 201), stored.text
+    created = api.post("/schedules", json={"name": "etl-every-second", "cron": "* * * * * *",
+                                           "definition": "etl", "inputs": {"day": 1}})
+    assert created.status_code == 201, created.text
+    due = schedules.get_schedule(conn, "etl-every-second")["next_fire_at"]
+    for _ in range(2):  # a second firer finds the ticks fired
+        fire_due(conn, actor="m", grace_seconds=60, now=due + timedelta(seconds=2))
+    row = schedules.get_schedule(conn, "etl-every-second")
+    assert row["fired"] == 3
     assert conn.execute("SELECT count(*) AS n FROM workflows").fetchone()["n"] == 3
+    assert conn.execute("SELECT count(*) AS n FROM workflows WHERE id = %s",
+                        [row["last_execution_id"]]).fetchone()["n"] == 1
 
 
 # --------------------------------------------------------------------------- queues
@@ -213,6 +218,8 @@ def test_queue_api_put_and_get(api: httpx.Client) -> None:
     assert api.put("/queues/new-q", json={"burst": 5, "rate_per_second": 1}).json()["burst"] == 5
     assert_error(api.put("/queues/emails", json={"rate_per_second": -1}), 422, "rate_per_second")
     assert_error(api.put("/queues/emails", json={"pause": True}), 422, "pause")
+    assert_error(api.put("/queues/unlimited", json={"burst": 5}), 422, "burst")
+    assert "unlimited" not in {q["queue"] for q in api.get("/queues").json()["items"]}
 
 
 # --------------------------------------------------------------------------- concurrency keys

@@ -12,6 +12,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from qforge.commands.errors import Invalid
 from qforge.commands.specs import NAME_PATTERN
 from qforge.events import types as ev
 from qforge.events.types import NewEvent
@@ -67,6 +68,9 @@ def configure_queue(conn, queue: str, spec: QueueSettingsSpec, *, actor: str = "
             new_rate = spec.rate_per_second if "rate_per_second" in given else rate
             new_burst = spec.burst if spec.burst is not None else (
                 burst if "rate_per_second" not in given and burst is not None else None)
+            if new_rate is None and spec.burst is not None:
+                raise Invalid(f"queue {queue}: burst needs a rate_per_second (the queue has no rate limit)",
+                              [{"field": "burst", "message": "needs a rate_per_second"}])
             if new_rate is not None and new_burst is None:
                 new_burst = max(1, math.ceil(new_rate))
             if new_rate is None:
