@@ -7,7 +7,7 @@ from typing import Any
 from uuid import UUID
 
 from fastapi import APIRouter, Path, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from qforge.api.common import ERRORS
 from qforge.api.deps import Conn
@@ -54,7 +54,7 @@ class SchedulePatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    paused: bool | None = None
+    paused: StrictBool | None = None
     cron: str | None = None
     timezone: str | None = None
     job: JobSpec | None = None

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from psycopg.rows import dict_row
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from qforge.commands.errors import Invalid
 from qforge.commands.specs import NAME_PATTERN
@@ -37,7 +37,7 @@ class QueueSettingsSpec(BaseModel):
     burst: int | None = Field(default=None, ge=1, le=1_000_000,
                               description="claims allowed at once after a quiet spell "
                                           "(default: one second's worth, at least 1)")
-    paused: bool | None = None
+    paused: StrictBool | None = None  # strict: 0 or "yes" is not a boolean
 
     @model_validator(mode="after")
     def _burst_needs_rate(self) -> "QueueSettingsSpec":

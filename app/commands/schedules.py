@@ -18,7 +18,7 @@ import logging
 
 import psycopg
 from psycopg.rows import dict_row
-from pydantic import Field, model_validator
+from pydantic import Field, StrictBool, model_validator
 
 from qforge.commands import cron
 from qforge.commands.enqueue import enqueue
@@ -54,7 +54,7 @@ class ScheduleSpec(Storable):
     inputs: dict[str, Any] | None = None
     catch_up: CatchUp = Field(default="latest", description="which ticks missed during downtime fire: none, "
                                                              "the latest one, or all")
-    paused: bool = False
+    paused: StrictBool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> "ScheduleSpec":
