@@ -23,6 +23,9 @@ class Settings(BaseSettings):
     backoff_cap_seconds: float = Field(default=300, ge=0)
     monitor_tick_seconds: float = Field(default=1, gt=0)
     poll_interval_seconds: float = Field(default=1, gt=0)
+    # A schedule's tick later than this (downtime, no monitor) is "missed": its
+    # catch_up decides whether it still fires; later ticks within it always fire.
+    schedule_misfire_seconds: float = Field(default=60, ge=0)
     # How long a stopping worker lets running jobs finish before handing them back.
     shutdown_grace_seconds: float = Field(default=10, ge=0)
     # Python logging level of the long-running processes (worker, monitor).

@@ -41,7 +41,7 @@ from report import goals, markdown_table  # noqa: E402
 PEER_PACKAGES = ["pgqueuer", "asyncpg", "procrastinate", "psycopg[binary]"]
 SYSTEMS = ("qforge", "pgqueuer", "procrastinate")
 PARTS = ("drain", "latency", "claim", "sse", "replay")
-EXTRA_PARTS = ("scale",)  # long (a 50M-event history): only when asked for
+OPTIONAL_PARTS = ("scale", "flow")  # long (scale: a 50M-event history) or QForge-only: only when named
 
 
 def build_systems(args: argparse.Namespace, peers_python: str, bench: Bench) -> dict[str, System]:
@@ -314,7 +314,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="small sizes (10k jobs, 300 latency jobs, 500k history, 3 s of SSE)")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="subset of qforge,pgqueuer,procrastinate")
     parser.add_argument("--parts", default=",".join(PARTS),
-                        help="subset of " + ",".join(PARTS + EXTRA_PARTS) + " (default: all but scale)")
+                        help="subset of " + ",".join(PARTS + OPTIONAL_PARTS) + " (scale and flow only when named)")
     parser.add_argument("--jobs", type=int, default=100_000, help="drain size")
     parser.add_argument("--procrastinate-jobs", type=int, default=10_000,
                         help="drain size for Procrastinate: it drains 150-1,000 jobs/s here, so 100,000 would "
@@ -400,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
 
             results["scale"] = qf_scale.run_scale(args.database_url, events=args.scale_events, repeat=args.repeat,
                                                   claim_jobs=args.claim_jobs, log_dir=bench.log_dir, log=log)
+        if "qforge" in wanted and "flow" in parts:
+            import qf_flow
+
+            results["flow"] = qf_flow.run(args.database_url, jobs=args.claim_jobs, repeat=args.repeat)
     finally:
         bench.drop_all(keep={KEPT_HISTORY})
     results["machine"]["load_after"] = os.getloadavg()
@@ -409,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     json_path = out_dir / f"{stamp}.json"
     json_path.write_text(json.dumps(results, indent=2, default=str))
     print(markdown_table(results))
+    if "flow" in results:
+        import qf_flow
+        print("\n" + qf_flow.markdown(results["flow"]))
     print(f"\n{json_path} ({results['total_s'] / 60:.1f} min); worker logs in {bench.log_dir}")
     return 0
 

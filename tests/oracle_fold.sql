@@ -42,6 +42,9 @@ BEGIN
         s.condition := d -> 'when';
         s.on_failure := d ->> 'on_failure';
         s.sleep_seconds := (d ->> 'seconds')::double precision;
+        s.concurrency_key := d ->> 'concurrency_key';
+        s.concurrency_limit := (d ->> 'concurrency_limit')::integer;
+        s.fairness_key := d ->> 'fairness_key';
         s.created_at := e.occurred_at;
         IF s.status = 'waiting' THEN
             s.started_at := e.occurred_at;

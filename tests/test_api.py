@@ -19,7 +19,7 @@ from qforge.settings import Settings
 
 JOB_KEYS = {"id", "task", "queue", "status", "priority", "attempts", "max_retries", "run_at",
             "payload", "result", "last_error", "tags", "workflow_id", "step", "worker",
-            "heartbeat_at", "created_at", "updated_at"}
+            "heartbeat_at", "created_at", "updated_at", "concurrency_key", "concurrency_limit", "fairness_key"}
 WORKFLOW_KEYS = {"id", "name", "status", "tags", "created_at", "finished_at", "steps"}
 STEP_KEYS = {"step", "status", "job_id", "depends_on", "output", "error", "attempts",
              "started_at", "finished_at"}

@@ -36,6 +36,9 @@ ROUTES: list[tuple[str, str, str]] = [
     ("GET", "/executions", "read"), ("GET", "/queues", "read"), ("GET", "/workers", "read"),
     ("GET", "/metrics", "read"), ("GET", "/docs", "read"), ("GET", "/openapi.json", "read"),
     ("GET", "/tokens", "admin"), ("POST", "/tokens", "admin"), ("DELETE", "/tokens/nobody", "admin"),
+    ("PUT", "/queues/nobody", "admin"),
+    ("GET", "/schedules", "read"), ("GET", "/schedules/nobody", "read"), ("GET", "/schedules/nobody/events", "read"),
+    ("POST", "/schedules", "admin"), ("PATCH", "/schedules/nobody", "admin"), ("DELETE", "/schedules/nobody", "admin"),
 ]
 PUBLIC = [("GET", "/healthz"), ("GET", "/js/states.js"), ("GET", "/favicon.ico")]
 SCOPES = ("read", "operate", "admin")
@@ -59,7 +62,7 @@ def bearer(secret: str) -> dict[str, str]:
 def template(path: str) -> str:
     return (path.replace(NO_ID, "{job_id}") if path.startswith("/jobs/") else
             path.replace(NO_ID, "{workflow_id}").replace("/s/", "/{step}/")
-            .replace("/workflow/nope", "/workflow/{workflowId}").replace("/tokens/nobody", "/tokens/{name}"))
+            .replace("/workflow/nope", "/workflow/{workflowId}").replace("/nobody", "/{name}"))
 
 
 def call(client: httpx.Client, method: str, path: str, headers: dict | None = None) -> int:
@@ -67,7 +70,7 @@ def call(client: httpx.Client, method: str, path: str, headers: dict | None = No
     if path == "/events/stream":
         with client.stream(method, path, headers=headers) as response:
             return response.status_code
-    kwargs = {"json": {}} if method == "POST" else {}
+    kwargs = {"json": {}} if method in ("POST", "PUT", "PATCH") else {}
     return client.request(method, path, headers=headers, **kwargs).status_code
 
 

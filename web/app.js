@@ -8,6 +8,7 @@ import { mountJob } from "./js/job.js";
 import { mountWorkflow } from "./js/workflow.js";
 import { mountQueues } from "./js/queues.js";
 import { mountWorkers } from "./js/workers.js";
+import { mountSchedules } from "./js/schedules.js";
 
 // [pattern, nav section, mount(container, params, ...captures)]
 const ROUTES = [
@@ -18,6 +19,7 @@ const ROUTES = [
   [/^\/workflows\/([^/]+)$/, "timeline", (el, params, id) => mountWorkflow(el, id)],
   [/^\/queues$/, "queues", (el) => mountQueues(el)],
   [/^\/workers$/, "workers", (el) => mountWorkers(el)],
+  [/^\/schedules$/, "schedules", (el) => mountSchedules(el)],
 ];
 
 const main = document.getElementById("main");

@@ -13,8 +13,8 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from qforge.api import (compat, dashboard_states, errors, events, executions, jobs, operations, tokens,
-                        workflows)
+from qforge.api import (compat, dashboard_states, errors, events, executions, jobs, operations, queues,
+                        schedules, tokens, workflows)
 from qforge.api.auth import authorize, refuse_unguarded
 from qforge.api.deps import Resources
 from qforge.api.errors import error_response
@@ -152,7 +152,7 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
 
     protected = [Depends(authorize)]
     for router in (jobs.router, workflows.router, compat.router, events.router,
-                   executions.router, operations.router, tokens.router):
+                   executions.router, operations.router, tokens.router, queues.router, schedules.router):
         app.include_router(router, dependencies=protected)
     app.include_router(operations.health_router)
 

@@ -33,7 +33,13 @@ ORDER = [states.BLOCKED, states.PENDING, states.WAITING, states.RUNNING, states.
 EVENT_COLOUR_OVERRIDES = {ev.Failed.type: states.FAILED, ev.Retried.type: states.WAITING,
                           ev.Enqueued.type: states.PENDING, ev.StepUnblocked.type: states.PENDING,
                           # token lifecycle events (stream type token) in the log's colours
-                          ev.TokenCreated.type: states.SUCCEEDED, ev.TokenRevoked.type: states.CANCELLED}
+                          ev.TokenCreated.type: states.SUCCEEDED, ev.TokenRevoked.type: states.CANCELLED,
+                          # flow control's streams have no statuses: shown in the nearest colour
+                          ev.ScheduleCreated.type: states.PENDING, ev.ScheduleUpdated.type: states.PENDING,
+                          ev.SchedulePaused.type: states.WAITING, ev.ScheduleResumed.type: states.RUNNING,
+                          ev.ScheduleFired.type: states.SUCCEEDED, ev.ScheduleSkipped.type: states.SKIPPED,
+                          ev.ScheduleDeleted.type: states.CANCELLED, ev.QueueConfigured.type: states.PENDING,
+                          ev.QueuePaused.type: states.WAITING, ev.QueueResumed.type: states.RUNNING}
 
 
 def event_status() -> dict[str, str]:

@@ -42,6 +42,9 @@ class JobView(BaseModel):
     heartbeat_at: datetime | None = None
     created_at: datetime
     updated_at: datetime
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    fairness_key: str | None = None
 
 
 class JobList(BaseModel):
@@ -167,6 +170,9 @@ class QueueStats(BaseModel):
     counts: dict[str, int] = Field(description="jobs by status (every status, zeros included)")
     oldest_pending_age_seconds: float | None = Field(
         description="how long the oldest due pending job has waited; null when none waits")
+    paused: bool = Field(default=False, description="a paused queue is not claimed (PUT /queues/{name})")
+    rate_per_second: float | None = Field(default=None, description="claims per second at most; null: no limit")
+    burst: int | None = None
 
 
 class QueueList(BaseModel):

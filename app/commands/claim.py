@@ -30,6 +30,7 @@ def claim(conn, queues: list[str], limit: int, worker: str, *,
     if limit <= 0 or not queues:
         return []
     with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(q("job_claim_plan"))
         cur.execute(q("job_claim"), {"queues": list(queues), "limit": limit,
                                      "worker": worker, "now": now})
         return [ClaimedJob(*row) for row in cur.fetchall()]

@@ -36,7 +36,8 @@ def run_at_of(spec: JobSpec, now: datetime) -> datetime | None:
 _DEFAULTS = {name: field.get_default(call_default_factory=True)
              for name, field in Enqueued.model_fields.items() if not field.is_required()}
 # The fields a plain job's spec gives its Enqueued event as they are (run_at is computed).
-_SPEC_FIELDS = ("queue", "priority", "max_retries", "payload", "timeout_seconds", "idempotency_key")
+_SPEC_FIELDS = ("queue", "priority", "max_retries", "payload", "timeout_seconds", "idempotency_key",
+                "concurrency_key", "concurrency_limit", "fairness_key")
 
 
 def enqueued_data(spec: JobSpec, now: datetime) -> dict[str, Any]:

@@ -68,7 +68,24 @@ def check_tags(tags: dict[str, str]) -> dict[str, str]:
     return tags
 
 
-class JobSpec(Storable):
+class FlowFields(BaseModel):
+    """Flow control a job or a step may ask for (issue 16)."""
+
+    concurrency_key: str | None = Field(default=None, min_length=1, max_length=200,
+                                        description="at most concurrency_limit jobs with this key run at once")
+    concurrency_limit: int | None = Field(default=None, ge=1, le=1_000_000)
+    fairness_key: str | None = Field(default=None, min_length=1, max_length=200,
+                                     description="a tenant: within a priority, claims go round-robin "
+                                                 "across the keys that have due jobs")
+
+    @model_validator(mode="after")
+    def _key_and_limit(self):
+        if (self.concurrency_key is None) != (self.concurrency_limit is None):
+            raise ValueError("concurrency_key and concurrency_limit go together: give both or neither")
+        return self
+
+
+class JobSpec(FlowFields, Storable):
     """POST /jobs: `{"task", "payload"?, "queue"?, "priority"?, "max_retries"?, "run_at"? |
     "delay_seconds"?, "timeout_seconds"?, "tags"?, "idempotency_key"?}`."""
 
@@ -118,7 +135,7 @@ class Condition(BaseModel):
     in_: list[Any] | None = Field(default=None, alias="in")
 
 
-class StepSpec(BaseModel):
+class StepSpec(FlowFields):
     """One step of POST /workflows. `type` is checked with the graph, so every problem
     of a definition is reported at once."""
 

@@ -30,7 +30,9 @@ def _step_data(step: StepSpec, handlers: dict[str, list[str]], now: datetime) ->
                        max_retries=step.max_retries, run_at=run_at, payload=step.payload,
                        status=status, timeout_seconds=step.timeout_seconds, step=step.step,
                        step_type=step.type, depends_on=list(definition.dependencies()),
-                       when=definition.when, on_failure=step.on_failure, seconds=step.seconds)
+                       when=definition.when, on_failure=step.on_failure, seconds=step.seconds,
+                       concurrency_key=step.concurrency_key, concurrency_limit=step.concurrency_limit,
+                       fairness_key=step.fairness_key)
 
 
 def submit(conn, spec: WorkflowSpec, *, actor: str = "api", now: datetime | None = None,

@@ -55,6 +55,11 @@ class Enqueued(EventData):
     when: dict[str, Any] | None = None
     on_failure: str | None = None
     seconds: float | None = None
+    # flow control: at most concurrency_limit jobs with the key run at once;
+    # jobs with a fairness key are claimed round-robin across keys
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    fairness_key: str | None = None
 
 
 class StepUnblocked(EventData):
@@ -198,19 +203,106 @@ class TokenRevoked(EventData):
     name: str
 
 
+# --------------------------------------------------------------------------- flow control
+# Schedules and queue settings are streams of their own, without a status
+# machine: their folds (definitions/65_flow.sql) keep rows of settings.
+
+class ScheduleCreated(EventData):
+    """A schedule exists: `spec` is the validated body (cron, timezone, job | definition,
+    inputs, catch_up); next_at is its first tick after the creation."""
+    type = "ScheduleCreated"
+    stream_type = "schedule"
+    name: str
+    spec: dict[str, Any]
+    next_at: datetime | None = None
+
+
+class ScheduleUpdated(EventData):
+    """The schedule's spec replaced (a PATCH); next_at recomputed from now."""
+    type = "ScheduleUpdated"
+    stream_type = "schedule"
+    spec: dict[str, Any]
+    next_at: datetime | None = None
+
+
+class SchedulePaused(EventData):
+    type = "SchedulePaused"
+    stream_type = "schedule"
+
+
+class ScheduleResumed(EventData):
+    """Ticks while it was paused are not fired: the next one after the resume is."""
+    type = "ScheduleResumed"
+    stream_type = "schedule"
+    next_at: datetime | None = None
+
+
+class ScheduleFired(EventData):
+    """One tick fired: the job (or workflow) it started, whose idempotency key is the
+    schedule's name and the tick."""
+    type = "ScheduleFired"
+    stream_type = "schedule"
+    tick: datetime
+    kind: Literal["job", "workflow"]
+    execution_id: UUID
+    next_at: datetime | None = None
+
+
+class ScheduleSkipped(EventData):
+    """Ticks missed while nothing could fire them (downtime), that catch_up said not to fire."""
+    type = "ScheduleSkipped"
+    stream_type = "schedule"
+    count: int = Field(ge=1)
+    first: datetime
+    last: datetime
+    catch_up: str
+    next_at: datetime | None = None
+
+
+class ScheduleDeleted(EventData):
+    type = "ScheduleDeleted"
+    stream_type = "schedule"
+
+
+class QueueConfigured(EventData):
+    """A queue's rate limit (null: none): claims start at most rate_per_second, with
+    bursts of up to `burst`."""
+    type = "QueueConfigured"
+    stream_type = "queue"
+    queue: str
+    rate_per_second: float | None = None
+    burst: int | None = None
+
+
+class QueuePaused(EventData):
+    """Nothing of the queue is claimed until QueueResumed (running jobs finish)."""
+    type = "QueuePaused"
+    stream_type = "queue"
+    queue: str
+
+
+class QueueResumed(EventData):
+    type = "QueueResumed"
+    stream_type = "queue"
+    queue: str
+
+
 EVENT_DATA: dict[str, type[EventData]] = {
     model.type: model for model in (
         Enqueued, StepUnblocked, Skipped, Claimed, Heartbeat, Succeeded, Failed, Retried,
         DeadLettered, Released, Cancelled, Triggered,
         WorkflowSubmitted, WorkflowSucceeded, WorkflowFailed, WorkflowCancelled,
         TokenCreated, TokenRevoked,
+        ScheduleCreated, ScheduleUpdated, SchedulePaused, ScheduleResumed, ScheduleFired,
+        ScheduleSkipped, ScheduleDeleted, QueueConfigured, QueuePaused, QueueResumed,
     )
 }
 EVENT_TYPES = frozenset(EVENT_DATA)
 JOB_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "job")
 WORKFLOW_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "workflow")
 TOKEN_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "token")
-STREAM_TYPES = ("job", "workflow", "token")
+FLOW_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type in ("schedule", "queue"))
+STREAM_TYPES = ("job", "workflow", "token", "schedule", "queue")
 
 
 def _failed_v1(data: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,8 @@ from qforge.sql import q
 # The fields of GET /jobs/{id}, in order.
 JOB_FIELDS = ("id", "task", "queue", "status", "priority", "attempts", "max_retries", "run_at",
               "payload", "result", "last_error", "tags", "workflow_id", "step", "worker",
-              "heartbeat_at", "created_at", "updated_at")
+              "heartbeat_at", "created_at", "updated_at",
+              "concurrency_key", "concurrency_limit", "fairness_key")  # flow control (issue 16)
 
 
 def job_view(row: dict[str, Any]) -> dict[str, Any]:

@@ -20,13 +20,20 @@ def queue_stats(conn) -> list[dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(q("queues_stats"))
         for row in cur.fetchall():
-            entry = queues.setdefault(row["queue"], {
-                "queue": row["queue"], "counts": {s: 0 for s in JOB_STATUSES},
-                "oldest_pending_age_seconds": None})
+            entry = queues.setdefault(row["queue"], _entry(row["queue"]))
             entry["counts"][row["status"]] = row["n"]
             if row["status"] == PENDING and row["oldest_due_seconds"] is not None:
                 entry["oldest_pending_age_seconds"] = round(max(row["oldest_due_seconds"], 0.0), 3)
-    return list(queues.values())
+        # flow control's settings; a configured queue shows even before its first job
+        for row in cur.execute(q("queue_settings_list")).fetchall():
+            entry = queues.setdefault(row["queue"], _entry(row["queue"]))
+            entry.update(paused=row["paused"], rate_per_second=row["rate_per_second"], burst=row["burst"])
+    return sorted(queues.values(), key=lambda entry: entry["queue"])
+
+
+def _entry(queue: str) -> dict[str, Any]:
+    return {"queue": queue, "counts": {s: 0 for s in JOB_STATUSES}, "oldest_pending_age_seconds": None,
+            "paused": False, "rate_per_second": None, "burst": None}
 
 
 @dataclass

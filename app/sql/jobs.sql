@@ -41,32 +41,150 @@ RETURNING stream_id
 -- name: job_ids_by_idempotency_key
 SELECT stream_id, key FROM idempotency_keys WHERE stream_type = 'job' AND key = ANY(%(keys)s::text[])
 
+-- name: job_claim_plan
+-- The claim's plan is the same for every call (its parts are each an index
+-- walk in claim order), but the planner, estimating the generic plan of a
+-- statement this size above the custom ones, would plan it afresh on every
+-- call: about half of the claim's own CPU (measured, bench/qf_flow.py --parts
+-- cpu). For the claim's transaction only.
+SET LOCAL plan_cache_mode = force_generic_plan
+
 -- name: job_claim
--- The claim is one statement. `picked` locks up to `limit` claimable rows per
--- queue with FOR UPDATE SKIP LOCKED, walking the partial claim index in its
--- own order (priority DESC, run_at, id), so concurrent claimers skip each
--- other's rows instead of waiting; the CTE is an optimisation fence that keeps
--- the LIMIT inside the index scan. The Claimed events are inserted in the same
--- statement (chained to each job's last hash, which the row lock holds still),
--- and events_project() folds them into the rows (status running, attempts + 1)
--- before it ends. Time is a parameter so tests control the clock.
-WITH picked AS (
-    SELECT c.*
+-- The claim is one statement. It locks claimable rows with FOR UPDATE SKIP
+-- LOCKED, walking partial claim indexes in their own order (priority DESC,
+-- run_at, id), so concurrent claimers skip each other's rows instead of
+-- waiting; each CTE is an optimisation fence that keeps its LIMIT inside its
+-- index scan. The Claimed events are inserted in the same statement (chained to
+-- each job's last hash, which the row lock holds still), and events_project()
+-- folds them into the rows (status running, attempts + 1) before it ends. Time
+-- is a parameter so tests control the clock.
+--
+-- Flow control (each part costs one probe of an empty index or table when not
+-- in use): a paused queue is left out; a rate-limited queue's token bucket is
+-- locked (its claimers take turns) and bounds that queue's share; jobs with a
+-- concurrency key come only from keys with a free slot (the key's row is
+-- locked), at most the free slots each; jobs with a fairness key come per
+-- key, and within a priority the claim takes them round-robin across keys
+-- (jobs without a key count as one more key).
+WITH RECURSIVE clock AS MATERIALIZED (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS at
+), flow AS MATERIALIZED (
+    SELECT q.queue, s.rate_per_second, s.burst
       FROM unnest(%(queues)s::text[]) AS q(queue)
+      LEFT JOIN queue_settings s ON s.queue = q.queue
+     WHERE s.paused IS NOT TRUE
+), bucket AS MATERIALIZED (
+    SELECT b.queue, x.tokens, floor(x.tokens)::integer AS allowed
+      FROM queue_buckets b
+      JOIN flow f ON f.queue = b.queue AND f.rate_per_second IS NOT NULL
+     CROSS JOIN clock c
+     CROSS JOIN LATERAL (SELECT least(f.burst::float8, b.tokens + f.rate_per_second
+                                      * greatest(extract(epoch FROM c.at - b.refilled_at)::float8, 0)) AS tokens) x
+     ORDER BY b.queue  -- buckets of several queues: locked in one order by every claimer
+       FOR UPDATE OF b
+), quota AS MATERIALIZED (
+    SELECT f.queue, least(%(limit)s, coalesce(b.allowed, %(limit)s)) AS allowed
+      FROM flow f LEFT JOIN bucket b ON b.queue = f.queue
+), plain AS MATERIALIZED (
+    SELECT c.*
+      FROM quota qu
      CROSS JOIN LATERAL (
             SELECT j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
-                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain,
-                   jsonb_build_object('attempt', j.attempts + 1) AS data
+                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain, j.fairness_key
               FROM jobs j
-             WHERE j.status = 'pending' AND j.queue = q.queue
-               AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+             WHERE j.status = 'pending' AND j.queue = qu.queue
+               AND j.concurrency_key IS NULL AND j.fairness_key IS NULL
+               AND j.run_at <= (SELECT at FROM clock)
              ORDER BY j.priority DESC, j.run_at, j.id
-             LIMIT %(limit)s
+             LIMIT qu.allowed
                FOR UPDATE SKIP LOCKED) c
-     ORDER BY c.priority DESC, c.run_at, c.id
+), keys(key) AS (
+    -- the concurrency keys with pending jobs: a skip scan of jobs_claim_keyed
+    (SELECT j.concurrency_key FROM jobs j
+      WHERE j.status = 'pending' AND j.concurrency_key IS NOT NULL
+      ORDER BY j.concurrency_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.concurrency_key FROM jobs j
+             WHERE j.status = 'pending' AND j.concurrency_key > k.key
+             ORDER BY j.concurrency_key LIMIT 1)
+      FROM keys k WHERE k.key IS NOT NULL
+), slots AS MATERIALIZED (
+    -- Keys with a free slot and pending jobs here, locked SKIP LOCKED (a key in
+    -- another claim is passed over, never waited for), half of them at most, in
+    -- random order: two claimers at once share the keys instead of one taking
+    -- them all and the other none.
+    SELECT s.key, x.free
+      FROM concurrency_slots s
+     CROSS JOIN LATERAL (SELECT s.lim - s.claimed + coalesce((SELECT sum(r.released) FROM concurrency_releases r
+                                                              WHERE r.key = s.key), 0) AS free) x
+     WHERE s.key IN (SELECT key FROM keys WHERE key IS NOT NULL) AND x.free > 0
+       -- one probe per key (a scalar subquery: as EXISTS the planner would hash all keyed jobs)
+       AND (SELECT true FROM jobs j WHERE j.status = 'pending' AND j.concurrency_key = s.key
+               AND j.queue = ANY(%(queues)s::text[]) ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1)
+     ORDER BY random()
+     LIMIT (SELECT ceil(count(*) / 2.0) FROM keys WHERE key IS NOT NULL)
+       FOR UPDATE OF s SKIP LOCKED
+), keyed AS MATERIALIZED (
+    SELECT c.*
+      FROM slots s
+     CROSS JOIN LATERAL (
+            SELECT j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
+                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain, j.fairness_key
+              FROM jobs j
+             WHERE j.status = 'pending' AND j.concurrency_key = s.key
+               AND j.queue IN (SELECT queue FROM quota WHERE allowed > 0)
+               AND j.run_at <= (SELECT at FROM clock)
+             ORDER BY j.priority DESC, j.run_at, j.id
+             -- a share of the batch per key: locking `limit` rows of every key
+             -- to keep `limit` of them all would cost a lock per row for nothing
+             LIMIT least(s.free, ceil(%(limit)s::float8 / (SELECT count(*) FROM slots))::integer)
+               FOR UPDATE SKIP LOCKED) c
+), tenants(queue, key) AS (
+    -- per queue, the fairness keys with pending jobs: a skip scan of jobs_claim_fair
+    -- (ORDER BY ... LIMIT 1 rather than min(): the planner then knows each step is
+    -- one index probe, and the claim's estimate stays far below jit_above_cost)
+    SELECT qu.queue, (SELECT j.fairness_key FROM jobs j
+                       WHERE j.status = 'pending' AND j.queue = qu.queue
+                         AND j.fairness_key IS NOT NULL AND j.concurrency_key IS NULL
+                       ORDER BY j.fairness_key LIMIT 1)
+      FROM quota qu WHERE qu.allowed > 0
+    UNION ALL
+    SELECT t.queue, (SELECT j.fairness_key FROM jobs j
+                      WHERE j.status = 'pending' AND j.queue = t.queue
+                        AND j.fairness_key > t.key AND j.concurrency_key IS NULL
+                      ORDER BY j.fairness_key LIMIT 1)
+      FROM tenants t WHERE t.key IS NOT NULL
+), fair AS MATERIALIZED (
+    SELECT c.*
+      FROM tenants t
+      JOIN quota qu ON qu.queue = t.queue
+     CROSS JOIN LATERAL (
+            SELECT j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
+                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain, j.fairness_key
+              FROM jobs j
+             WHERE j.status = 'pending' AND j.queue = t.queue AND j.fairness_key = t.key
+               AND j.concurrency_key IS NULL
+               AND j.run_at <= (SELECT at FROM clock)
+             ORDER BY j.priority DESC, j.run_at, j.id
+             -- the key's share of the batch (see keyed)
+             LIMIT ceil(qu.allowed::float8 / (SELECT count(*) FROM tenants x
+                                               WHERE x.queue = t.queue AND x.key IS NOT NULL))::integer
+               FOR UPDATE SKIP LOCKED) c
+     WHERE t.key IS NOT NULL
+), ranked AS (
+    -- turn: the job's place among its key's jobs of the same priority
+    SELECT c.*, row_number() OVER (PARTITION BY c.fairness_key, c.priority ORDER BY c.run_at, c.id) AS turn
+      FROM (SELECT * FROM plain UNION ALL SELECT * FROM keyed UNION ALL SELECT * FROM fair) c
+), placed AS (
+    SELECT r.*, row_number() OVER (PARTITION BY r.queue ORDER BY r.priority DESC, r.turn, r.run_at, r.id)
+                AS place
+      FROM ranked r
+), picked AS MATERIALIZED (
+    SELECT p.*, jsonb_build_object('attempt', p.attempts + 1) AS data
+      FROM placed p JOIN quota qu ON qu.queue = p.queue
+     WHERE p.place <= qu.allowed
+     ORDER BY p.priority DESC, p.turn, p.run_at, p.id
      LIMIT %(limit)s
-), clock AS MATERIALIZED (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS at
 ), claimed AS (
     -- Runs whether or not it is read: every picked row gets its event.
     INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
@@ -74,10 +192,18 @@ WITH picked AS (
            event_hash(p.chain, 'job', p.id, p.version + 1, 'Claimed', 1::smallint, p.data, NULL,
                       p.workflow_id, c.at, %(worker)s)
       FROM picked p, clock c
+), spent AS (
+    -- The rate-limited queues' buckets: refilled to now, less what this claim took.
+    UPDATE queue_buckets b
+       SET tokens = k.tokens - (SELECT count(*) FROM picked p WHERE p.queue = k.queue),
+           refilled_at = (SELECT at FROM clock)
+      FROM bucket k
+     WHERE b.queue = k.queue
 )
 SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_seconds,
        p.workflow_id, p.step, p.tags
   FROM picked p
+ ORDER BY p.priority DESC, p.turn, p.run_at, p.id
 
 -- name: job_heartbeat
 -- Fenced: only the current attempt of a running job may beat. Rows that do not

@@ -67,6 +67,10 @@ SELECT pg_try_advisory_lock(%(key)s)
 -- Fold the counters' deltas into queue_counts (rows, see definitions/35_counters.sql).
 SELECT queue_counts_compact() AS rows
 
+-- name: concurrency_compact
+-- One released row per concurrency key (definitions/65_flow.sql).
+SELECT concurrency_compact() AS rows
+
 -- name: log_maintain
 -- Keep empty partitions ahead of the appends (definitions/50_log_partitions.sql).
 SELECT log_maintain() AS made

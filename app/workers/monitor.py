@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime, timezone
 from typing import Callable
 
 import psycopg
@@ -18,6 +19,7 @@ from psycopg.rows import tuple_row
 
 from qforge.commands import workers
 from qforge.commands.manage import recover_stale
+from qforge.commands.schedules import fire_due, next_due
 from qforge.commands.workflows import fire_timers
 from qforge.settings import Settings, get_settings
 from qforge.sql import q
@@ -74,10 +76,12 @@ class Monitor:
                         elif not waiting_logged:
                             log.info("monitor %s is waiting: another monitor leads", self.name)
                             waiting_logged = True
+                    pause = tick
                     if leader:
                         self.tick(conn)
+                        pause = self._until_next_schedule(conn, tick)
                     backoff.reset()
-                    self._sleep(tick)
+                    self._sleep(pause)
                 except TRANSIENT_ERRORS as exc:
                     if conn is None or conn.closed or conn.broken:
                         if outage_since is None:
@@ -97,14 +101,28 @@ class Monitor:
         log.info("monitor %s stopped", self.name)
         return 0
 
+    def _until_next_schedule(self, conn: psycopg.Connection, tick: float) -> float:
+        """Sleep a tick, or less when a schedule's next tick comes sooner (a tick a second fires on time)."""
+        due = next_due(conn)
+        if due is None:
+            return tick
+        left = (due - datetime.now(timezone.utc)).total_seconds()
+        # Already due after a round: one that cannot fire (logged), or one that came
+        # during the round. Not a busy loop either way.
+        return min(tick, SLEEP_SLICE_SECONDS * 4) if left <= 0 else min(tick, left)
+
     def tick(self, conn: psycopg.Connection) -> None:
         """One round of the leader's duties."""
         stale = self.settings.stale_seconds
+        ticks = fire_due(conn, actor=self.actor, grace_seconds=self.settings.schedule_misfire_seconds)
+        if ticks:
+            log.info("fired %d schedule tick(s)", ticks)
         with conn.cursor(row_factory=tuple_row) as cur:
             made = cur.execute(q("log_maintain")).fetchone()[0]
             if made:
                 log.info("created %d log partition(s) ahead of the appends", made)
             cur.execute(q("counters_compact"))
+            cur.execute(q("concurrency_compact"))
         fired = sum(_drain_counts(lambda: fire_timers(conn, limit=BATCH_LIMIT, actor=self.actor)))
         if fired:
             log.info("fired %d timers (sleep steps ended, trigger waits timed out)", fired)

@@ -52,7 +52,7 @@ def test_page_loads_every_section_without_console_errors(dashboard: Dashboard, a
     page = dashboard.open()
     expect(page.locator("h1")).to_have_text("Live timeline")
     for label, heading in [("Search", "Search by tag"), ("Queues", "Queues"), ("Workers", "Workers"),
-                           ("Timeline", "Live timeline")]:
+                           ("Schedules", "Schedules"), ("Timeline", "Live timeline")]:
         page.click(f"header nav a:text-is('{label}')")
         expect(page.locator("main h1")).to_have_text(heading)
         expect(page.locator(f"header nav a:text-is('{label}')")).to_have_class("active")
@@ -390,3 +390,42 @@ def test_the_token_is_asked_once_and_kept_for_the_session(dashboard: Dashboard, 
     expect(row(page, job_id, "Succeeded")).to_be_visible(timeout=8_000)
     # The stream opens with a short-lived ticket: the token never goes into a URL.
     assert stream_urls and all(token not in url and "ticket=" in url for url in stream_urls)
+
+
+def test_queue_page_pauses_and_resumes_a_queue(dashboard: Dashboard, api: httpx.Client):
+    # The stack's worker serves "default": paused here, resumed before the test ends.
+    enqueue(api, task="echo")
+    page = dashboard.open("/queues")
+    row = page.locator("#queue-rows tr[data-queue='default']")
+    row.locator("button.pause-toggle").click()
+    try:
+        wait_for(lambda: {q["queue"]: q for q in api.get("/queues").json()["items"]}["default"]["paused"],
+                 message="the queue to be paused")
+        expect(row.locator(".paused-pill")).to_be_visible(timeout=6_000)
+        held = enqueue(api, task="echo")
+        expect(row.locator("button.pause-toggle")).to_have_text("Resume", timeout=6_000)
+        assert job_status(api, held) == "pending"
+        row.locator("button.pause-toggle").click()
+        wait_for(lambda: job_status(api, held) == "succeeded", timeout=10, message="the resumed queue to run")
+    finally:
+        api.put("/queues/default", json={"paused": False})
+    dashboard.assert_clean()
+
+
+def test_schedules_page_shows_ticks_and_pauses_a_schedule(dashboard: Dashboard, api: httpx.Client):
+    created = api.post("/schedules", json={"name": "every-second", "cron": "* * * * * *",
+                                           "job": {"task": "echo"}, "catch_up": "none"})
+    assert created.status_code == 201, created.text
+    page = dashboard.open("/schedules")
+    row = page.locator("#schedule-rows tr[data-schedule='every-second']")
+    expect(row).to_contain_text("* * * * * *")
+    expect(row.locator("td.next-fire")).not_to_have_text("—")
+    wait_for(lambda: api.get("/schedules/every-second").json()["fired"] >= 2, timeout=10,
+             message="two ticks fired")
+    row.locator("button.pause").click()
+    wait_for(lambda: api.get("/schedules/every-second").json()["paused"], message="the schedule to pause")
+    expect(row.locator(".paused-pill")).to_be_visible(timeout=6_000)
+    expect(row.locator("td.next-fire")).to_have_text("—")
+    row.locator("button.delete").click()
+    wait_for(lambda: api.get("/schedules/every-second").status_code == 404, message="the schedule to go")
+    dashboard.assert_clean()

@@ -1,4 +1,5 @@
-// Queues: counts by status and the oldest pending job's age per queue, and the dead letters.
+// Queues: counts by status, the oldest pending job's age, the flow settings (pause/resume,
+// rate limit) per queue, and the dead letters.
 
 import { api, ApiError, itemsOf, query } from "./api.js";
 import {
@@ -27,7 +28,10 @@ function queuesOf(body) {
       const time = parseTime(age);
       age = time ? (Date.now() - time.getTime()) / 1000 : Number(age);
     }
-    return { name: item.queue ?? item.name, counts: counts || {}, oldestAgeSeconds: age };
+    return {
+      name: item.queue ?? item.name, counts: counts || {}, oldestAgeSeconds: age,
+      paused: Boolean(item.paused), rate: item.rate_per_second ?? null, burst: item.burst ?? null,
+    };
   }).filter((queue) => queue.name != null).sort((a, b) => String(a.name).localeCompare(String(b.name)));
 }
 
@@ -42,15 +46,38 @@ function stackedBar(counts) {
     : null);
 }
 
-function queueRow(queue) {
-  return h("tr", { "data-queue": queue.name },
-    h("th", { scope: "row" }, queue.name),
+function rateText(queue) {
+  return queue.rate == null ? "—" : `${queue.rate}/s (burst ${queue.burst})`;
+}
+
+/** PUT /queues/{name} {"paused"}: a paused queue is not claimed; running jobs finish. */
+async function setPaused(queue, paused, done) {
+  try {
+    await api(`/queues/${encodeURIComponent(queue.name)}`, { method: "PUT", body: { paused } });
+    toast(`Queue ${queue.name} ${paused ? "paused" : "resumed"}.`, "ok");
+  } catch (error) {
+    toast(error instanceof ApiError ? error.message : "Could not change the queue.", "error");
+  }
+  done();
+}
+
+function queueRow(queue, refresh) {
+  return h("tr", { "data-queue": queue.name, class: queue.paused ? "paused" : null },
+    h("th", { scope: "row" }, queue.name, queue.paused ? h("span", { class: "pill paused-pill" }, "paused") : null),
     h("td", { class: "barcell" }, stackedBar(queue.counts)),
     STATUSES.map((st) => {
       const value = queue.counts[st] || 0;
       return h("td", { class: `num ${value ? statusClass(st) : "zero"}`, "data-status": st }, String(value));
     }),
-    h("td", { class: "num age" }, queue.oldestAgeSeconds == null ? "—" : duration(queue.oldestAgeSeconds)));
+    h("td", { class: "num age" }, queue.oldestAgeSeconds == null ? "—" : duration(queue.oldestAgeSeconds)),
+    h("td", { class: "num rate" }, rateText(queue)),
+    h("td", null, h("button", {
+      class: `btn small ${queue.paused ? "primary" : ""} pause-toggle`, type: "button", "data-queue": queue.name,
+      onclick: (event) => {
+        event.currentTarget.disabled = true;
+        setPaused(queue, !queue.paused, refresh);
+      },
+    }, queue.paused ? "Resume" : "Pause")));
 }
 
 export function mountQueues(container) {
@@ -101,8 +128,9 @@ export function mountQueues(container) {
       if (disposed) return;
       syncChildren(queueBody, queues, {
         key: (q) => q.name,
-        signature: (q) => JSON.stringify([q.counts, q.oldestAgeSeconds == null ? null : duration(q.oldestAgeSeconds)]),
-        build: queueRow,
+        signature: (q) => JSON.stringify([q.counts, q.oldestAgeSeconds == null ? null : duration(q.oldestAgeSeconds),
+          q.paused, q.rate, q.burst]),
+        build: (q) => queueRow(q, refreshQueues),
       });
       queueEmpty.hidden = queues.length > 0;
       updated.textContent = `updated ${new Date().toLocaleTimeString()}`;
@@ -139,7 +167,7 @@ export function mountQueues(container) {
       h("thead", null, h("tr", null,
         h("th", null, "Queue"), h("th", null, "Share"),
         STATUSES.map((st) => h("th", { class: `num status-head ${statusClass(st)}` }, h("span", { class: "swatch" }), st)),
-        h("th", { class: "num" }, "Oldest pending"))),
+        h("th", { class: "num" }, "Oldest pending"), h("th", { class: "num" }, "Rate limit"), h("th", null, ""))),
       queueBody)), queueEmpty),
     h("div", { class: "toolbar section" }, h("h2", null, "Dead letters"), deadNote),
     h("div", { class: "card flush" }, h("div", { class: "table-wrap" }, h("table", { class: "list dead-table" },

@@ -50,6 +50,9 @@ PROJECTIONS = (
     Projection("jobs"),
     Projection("execution_tags", verify_whole=True),
     Projection("tokens"),  # API tokens (migrations/0011, definitions/70_tokens.sql)
+    # flow control's settings (definitions/65_flow.sql, flow_project)
+    Projection("schedules", verify_whole=True),
+    Projection("queue_settings", verify_whole=True),
 )
 
 Progress = Callable[[int, int], None]  # (events read so far, events in the log)

@@ -1,0 +1,269 @@
+"""Schedules: create, change, pause, delete, and fire each tick exactly once (the monitor's leader).
+
+A tick fires in one transaction under the schedule's row lock: the job (or
+workflow) it starts, with the idempotency key `schedule:<name>:<tick>`, and
+the ScheduleFired event that moves next_fire_at on. Whoever fires, however
+often a monitor dies or PostgreSQL restarts, a tick is either wholly fired or
+not at all, and the next firer sees it fired. After downtime, ticks older than
+the misfire grace are "missed": catch_up says which of them still fire.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any, Literal
+from uuid import UUID
+
+import logging
+
+import psycopg
+from psycopg.rows import dict_row
+from pydantic import Field, StrictBool, model_validator
+
+from qforge.commands import cron
+from qforge.commands.enqueue import enqueue
+from qforge.commands.errors import CommandError, Conflict, Invalid, NotFound
+from qforge.commands.queues import append_flow
+from qforge.commands.specs import NAME_PATTERN, JobSpec, Storable
+from qforge.events import types as ev
+from qforge.events.ids import new_ids
+from qforge.events.types import NewEvent
+from qforge.sql import q
+
+log = logging.getLogger("qforge.schedules")
+
+CatchUp = Literal["none", "latest", "all"]
+
+
+class DefinitionsUnavailable(Invalid):
+    """Stored definitions (qforge.commands.definitions) are not in this build."""
+
+    code = "validation"
+
+
+class ScheduleSpec(Storable):
+    """POST /schedules: `{"name", "cron", "timezone"?, "job": {a POST /jobs body} |
+    "definition": name, "inputs"?, "catch_up"?: "none" | "latest" | "all", "paused"?}`."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    cron: str = Field(min_length=1, max_length=200,
+                      description="five fields, or six with the seconds first (*/2 * * * * * = every 2 s)")
+    timezone: str = Field(default="UTC", max_length=100)
+    job: JobSpec | None = None
+    definition: str | None = Field(default=None, min_length=1, max_length=200)
+    inputs: dict[str, Any] | None = None
+    catch_up: CatchUp = Field(default="latest", description="which ticks missed during downtime fire: none, "
+                                                             "the latest one, or all")
+    paused: StrictBool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ScheduleSpec":
+        problems = [p for p in (cron.check(self.cron), cron.check_timezone(self.timezone)) if p]
+        if (self.job is None) == (self.definition is None):
+            problems.append("give either job or definition")
+        if self.inputs is not None and self.definition is None:
+            problems.append("inputs go with a definition (a job has its payload)")
+        if self.job is not None:
+            if self.job.idempotency_key is not None:
+                problems.append("job.idempotency_key is set by the schedule (its name and the tick)")
+            if self.job.run_at is not None:
+                problems.append("job.run_at: a scheduled job runs at its tick (delay_seconds is allowed)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def stored(self) -> dict[str, Any]:
+        """The spec as events carry it (name and paused have events of their own)."""
+        return self.model_dump(mode="json", exclude={"name", "paused"}, exclude_none=True,
+                               exclude_defaults=False)
+
+
+def _spec_of(row: dict[str, Any]) -> ScheduleSpec:
+    return ScheduleSpec.model_validate({**row["spec"], "name": row["name"], "paused": row["paused"]})
+
+
+def _now(now: datetime | None) -> datetime:
+    return now or datetime.now(timezone.utc)
+
+
+def _require_definitions(spec: ScheduleSpec) -> None:
+    if spec.definition is not None:
+        definitions_module()
+
+
+def definitions_module():
+    """The stored definitions' commands, imported when first needed (they ship separately)."""
+    try:
+        from qforge.commands import definitions  # type: ignore[attr-defined]
+    except ImportError:
+        raise DefinitionsUnavailable("definition: stored definitions are unavailable in this build;"
+                                     " schedule a job instead",
+                                     [{"field": "definition", "message": "stored definitions are unavailable"}]
+                                     ) from None
+    return definitions
+
+
+def start_definition(conn, name: str, inputs: dict[str, Any], *, actor: str, idempotency_key: str) -> UUID:
+    """The one adapter to stored definitions: start a run, return its workflow id."""
+    started = definitions_module().start_definition(conn, name, inputs, actor=actor,
+                                                    idempotency_key=idempotency_key)
+    for attribute in ("id", "workflow_id"):
+        if hasattr(started, attribute):
+            return UUID(str(getattr(started, attribute)))
+    if isinstance(started, (tuple, list)):
+        started = started[0]
+    if isinstance(started, dict):
+        started = started.get("id") or started.get("workflow_id")
+    return UUID(str(started))
+
+
+def create_schedule(conn, spec: ScheduleSpec, *, actor: str = "api", now: datetime | None = None) -> dict:
+    _require_definitions(spec)
+    at = _now(now)
+    [stream] = new_ids(1)
+    events: list[ev.EventData] = [ev.ScheduleCreated(name=spec.name, spec=spec.stored(),
+                                                     next_at=cron.next_after(spec.cron, spec.timezone, at))]
+    if spec.paused:
+        events.append(ev.SchedulePaused())
+    try:
+        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            if cur.execute(q("schedule_lock"), {"name": spec.name}).fetchone() is not None:
+                raise Conflict(f"schedule {spec.name} exists (PATCH changes it)")
+            append_flow(conn, [NewEvent(stream_id=stream, version=n, data=data)
+                               for n, data in enumerate(events, start=1)], actor=actor, now=now)
+    except psycopg.errors.UniqueViolation:  # created by someone else at the same moment
+        raise Conflict(f"schedule {spec.name} exists (PATCH changes it)") from None
+    return get_schedule(conn, spec.name)
+
+
+def update_schedule(conn, name: str, changes: dict[str, Any], *, actor: str = "api",
+                    now: datetime | None = None) -> dict:
+    """PATCH: `changes` holds the fields given (`paused` and the fields of POST but name)."""
+    at = _now(now)
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(q("schedule_lock"), {"name": name}).fetchone()
+        if row is None:
+            raise NotFound(f"schedule {name} not found")
+        current = _spec_of(row)
+        merged = {**current.model_dump(mode="json", exclude_none=True), **changes}
+        if "job" in changes and changes["job"] is not None:
+            merged.pop("definition", None)
+            merged.pop("inputs", None)
+        if "definition" in changes and changes["definition"] is not None:
+            merged.pop("job", None)
+        spec = ScheduleSpec.model_validate(merged)  # ValidationError: the API's 422
+        _require_definitions(spec)
+        events: list[ev.EventData] = []
+        if spec.stored() != row["spec"]:
+            events.append(ev.ScheduleUpdated(spec=spec.stored(),
+                                             next_at=cron.next_after(spec.cron, spec.timezone, at)))
+        if spec.paused != row["paused"]:
+            events.append(ev.SchedulePaused() if spec.paused
+                          else ev.ScheduleResumed(next_at=cron.next_after(spec.cron, spec.timezone, at)))
+        append_flow(conn, [NewEvent(stream_id=row["id"], version=row["version"] + n, data=data)
+                           for n, data in enumerate(events, start=1)], actor=actor, now=now)
+    return get_schedule(conn, name)
+
+
+def delete_schedule(conn, name: str, *, actor: str = "api", now: datetime | None = None) -> None:
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(q("schedule_lock"), {"name": name}).fetchone()
+        if row is None:
+            raise NotFound(f"schedule {name} not found")
+        append_flow(conn, [NewEvent(stream_id=row["id"], version=row["version"] + 1,
+                                    data=ev.ScheduleDeleted())], actor=actor, now=now)
+
+
+def get_schedule(conn, name: str) -> dict | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(q("schedule_get"), {"name": name}).fetchone()
+    return view(row) if row else None
+
+
+def list_schedules(conn) -> list[dict]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return [view(row) for row in cur.execute(q("schedule_list")).fetchall()]
+
+
+def view(row: dict[str, Any]) -> dict[str, Any]:
+    spec = row["spec"]
+    return {"id": row["id"], "name": row["name"], **spec, "paused": row["paused"],
+            "next_fire_at": None if row["paused"] else row["next_fire_at"],
+            "last_tick": row["last_tick"], "last_execution_id": row["last_execution_id"],
+            "fired": row["fired"], "skipped": row["skipped"],
+            "created_at": row["created_at"], "updated_at": row["updated_at"]}
+
+
+# --------------------------------------------------------------------------- firing (the monitor)
+
+def fire_due(conn, *, actor: str, grace_seconds: float, now: datetime | None = None,
+             limit: int = 100) -> int:
+    """Fire every tick that has come, of every schedule; returns the ticks fired."""
+    at = _now(now)
+    with conn.cursor(row_factory=dict_row) as cur:
+        names = [row["name"] for row in cur.execute(q("schedule_due"), {"now": at, "limit": limit})]
+    fired = 0
+    for name in names:
+        try:
+            fired += fire_schedule(conn, name, actor=actor, grace_seconds=grace_seconds, now=at)
+        except CommandError as exc:  # e.g. its definition is gone: the others still fire
+            log.warning("schedule %s cannot fire: %s", name, exc.message)
+    return fired
+
+
+def choose_ticks(ticks: list[datetime], now: datetime, grace_seconds: float,
+                 catch_up: CatchUp) -> list[datetime]:
+    """Which of the due ticks fire: those within the grace always; of the older (missed)
+    ones, none, the latest or all, as catch_up says."""
+    cutoff = now - timedelta(seconds=grace_seconds)
+    missed = [t for t in ticks if t < cutoff]
+    recent = [t for t in ticks if t >= cutoff]
+    if catch_up == "all":
+        return ticks
+    if catch_up == "latest":
+        return missed[-1:] + recent
+    return recent
+
+
+def fire_schedule(conn, name: str, *, actor: str, grace_seconds: float, now: datetime | None = None) -> int:
+    at = _now(now)
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(q("schedule_lock"), {"name": name}).fetchone()
+        # Locked: another firer that got here first has moved next_fire_at on.
+        if row is None or row["paused"] or row["next_fire_at"] is None or row["next_fire_at"] > at:
+            return 0
+        spec = _spec_of(row)
+        ticks = cron.ticks_through(spec.cron, spec.timezone, row["next_fire_at"], at)
+        firing = choose_ticks(ticks, at, grace_seconds, spec.catch_up)
+        next_at = cron.next_after(spec.cron, spec.timezone, ticks[-1])
+        events: list[ev.EventData] = []
+        skipped = [t for t in ticks if t not in firing]
+        if skipped:
+            events.append(ev.ScheduleSkipped(count=len(skipped), first=skipped[0], last=skipped[-1],
+                                             catch_up=spec.catch_up, next_at=next_at))
+        for tick in firing:
+            kind, execution_id = _start(conn, spec, tick, actor=actor)
+            events.append(ev.ScheduleFired(tick=tick, kind=kind, execution_id=execution_id, next_at=next_at))
+        append_flow(conn, [NewEvent(stream_id=row["id"], version=row["version"] + n, data=data)
+                           for n, data in enumerate(events, start=1)], actor=actor)
+    return len(firing)
+
+
+def tick_key(name: str, tick: datetime) -> str:
+    return f"schedule:{name}:{tick.astimezone(timezone.utc).isoformat()}"
+
+
+def _start(conn, spec: ScheduleSpec, tick: datetime, *, actor: str) -> tuple[str, UUID]:
+    key = tick_key(spec.name, tick)
+    if spec.job is not None:
+        job = spec.job.model_copy(update={"idempotency_key": key,
+                                          "tags": {"schedule": spec.name, **spec.job.tags}})
+        [outcome] = enqueue(conn, [job], actor=actor)
+        return "job", outcome.id
+    return "workflow", start_definition(conn, spec.definition, spec.inputs or {}, actor=actor,
+                                        idempotency_key=key)
+
+
+def next_due(conn) -> datetime | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(q("schedule_next_due")).fetchone()["at"]

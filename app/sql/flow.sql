@@ -1,0 +1,73 @@
+-- name: flow_events_append
+-- The append of the schedule and queue streams (the generic events_append
+-- knows the heads of job and workflow chains only): each event chains to the
+-- head kept on its schedule's or queue's row, which the caller has locked.
+WITH input AS (
+    SELECT e.n, e.stream_type, e.stream_id, e.version, e.type, coalesce(e.schema_version, 1)::smallint AS schema_version,
+           coalesce(e.data, '{}') AS data, e.workflow_id,
+           coalesce(%(now)s::timestamptz, now()) AS at, coalesce(e.actor, %(actor)s) AS actor
+      FROM ROWS FROM (jsonb_to_recordset(%(events)s::jsonb) AS (stream_type text, stream_id uuid,
+           version integer, type text, schema_version smallint, data jsonb, tags jsonb,
+           workflow_id uuid, actor text))
+           WITH ORDINALITY AS e(stream_type, stream_id, version, type, schema_version, data, tags,
+                                workflow_id, actor, n)
+), headed AS (
+    SELECT i.*, CASE WHEN i.version > 1 THEN coalesce(s.chain, qs.chain) END AS prev
+      FROM input i
+      LEFT JOIN schedules s ON i.stream_type = 'schedule' AND s.id = i.stream_id
+      LEFT JOIN queue_settings qs ON i.stream_type = 'queue' AND qs.id = i.stream_id
+)
+INSERT INTO events (stream_type, stream_id, version, type, schema_version, data, tags, workflow_id,
+                    occurred_at, actor, hash)
+SELECT h.stream_type, h.stream_id, h.version, h.type, h.schema_version, h.data, NULL, h.workflow_id,
+       h.at, h.actor,
+       event_chain(h.prev, event_canonical_v1(h.stream_type, h.stream_id, h.version, h.type,
+                                              h.schema_version, h.data, NULL, h.workflow_id, h.at,
+                                              h.actor))
+           OVER (PARTITION BY h.stream_id ORDER BY h.version)
+  FROM headed h
+ ORDER BY h.n
+RETURNING position
+
+-- name: queue_settings_lock
+-- A queue's settings row, locked; the advisory lock first serialises the very
+-- first configuration of a queue (no row to lock yet).
+SELECT pg_advisory_xact_lock(hashtextextended('qforge-queue:' || %(queue)s, 0)),
+       (SELECT row_to_json(s) FROM queue_settings s WHERE s.queue = %(queue)s FOR UPDATE) AS row
+
+-- name: queue_bucket_set
+-- A rate limit set or changed: the bucket starts full (a new limit applies at
+-- once; what was spent before does not carry over).
+INSERT INTO queue_buckets (queue, tokens, refilled_at)
+VALUES (%(queue)s, %(burst)s, coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (queue) DO UPDATE SET tokens = excluded.tokens, refilled_at = excluded.refilled_at
+
+-- name: queue_bucket_drop
+DELETE FROM queue_buckets WHERE queue = %(queue)s
+
+-- name: queue_settings_list
+SELECT queue, paused, rate_per_second, burst, updated_at FROM queue_settings ORDER BY queue
+
+-- name: schedule_lock
+SELECT * FROM schedules WHERE name = %(name)s FOR UPDATE
+
+-- name: schedule_get
+SELECT * FROM schedules WHERE name = %(name)s
+
+-- name: schedule_list
+SELECT * FROM schedules ORDER BY name
+
+-- name: schedule_due
+-- Schedules whose next tick has come (the monitor fires them, each in its own
+-- transaction under the schedule's row lock).
+SELECT name FROM schedules
+ WHERE NOT paused AND next_fire_at <= coalesce(%(now)s::timestamptz, now())
+ ORDER BY next_fire_at
+ LIMIT %(limit)s
+
+-- name: schedule_next_due
+SELECT min(next_fire_at) AS at FROM schedules WHERE NOT paused
+
+-- name: queue_wake
+-- Workers sleeping on an empty claim wake up on this channel (see 35_counters.sql).
+SELECT pg_notify('qforge_jobs', %(queue)s)

@@ -1,0 +1,343 @@
+"""QForge flow control: what concurrency keys, rate limits and fairness keys cost the claim, and
+whether fairness and rate limits hold under real workers.
+
+Parts (run.py --parts flow runs them all; also usable alone):
+  claim     claim+complete throughput and PostgreSQL CPU per job: plain jobs, jobs with
+            concurrency keys (limits far above the drain), a queue rate-limited far above
+            the drain, jobs with fairness keys; each variant in its own fresh database
+  fairness  key A: 100,000 jobs queued first; key B: 1 job/s; B's enqueue-to-start p99,
+            against B alone on an empty queue (real `qforge worker` processes)
+  rate      a queue limited to 50/s drained by 3 worker processes: claims per second over 60 s
+
+    python bench/qf_flow.py --database-url postgresql://postgres@127.0.0.1:5432/postgres --parts claim
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+from common import summarize  # noqa: E402
+from qf_history import backend_cpu_ns, recreate_database  # noqa: E402
+
+VARIANTS = ("plain", "keys", "rate", "fair")
+KEYS = 20  # distinct concurrency / fairness keys in the claim variants
+
+
+def _specs(variant: str, count: int) -> list:
+    from qforge.commands.enqueue import JobSpec
+
+    if variant == "keys":
+        return [JobSpec(task="bench_noop", concurrency_key=f"k{n % KEYS}", concurrency_limit=100_000)
+                for n in range(count)]
+    if variant == "fair":
+        return [JobSpec(task="bench_noop", fairness_key=f"tenant-{n % KEYS}") for n in range(count)]
+    return [JobSpec(task="bench_noop") for _ in range(count)]
+
+
+def claim_variant(admin_url: str, variant: str, jobs: int, *, threads: int = 2, batch: int = 100) -> dict[str, float]:
+    """Claim and complete `jobs` jobs of one variant in batches from `threads` connections."""
+    from qforge.commands.claim import claim
+    from qforge.commands.enqueue import enqueue
+    from qforge.commands.report import Report, complete
+
+    url = recreate_database(admin_url, f"qf_bench_flow16_{variant}")
+    with psycopg.connect(url, autocommit=True) as conn:
+        for lo in range(0, jobs, 1000):
+            enqueue(conn, _specs(variant, min(1000, jobs - lo)), actor="bench")
+        if variant == "rate":
+            from qforge.commands.queues import QueueSettingsSpec, configure_queue
+            configure_queue(conn, "default", QueueSettingsSpec(rate_per_second=1_000_000, burst=1_000_000))
+        conn.execute("ANALYZE jobs")
+        conn.execute("CHECKPOINT")
+    barrier = threading.Barrier(threads + 1)
+    counts, server_ns, statements = [0] * threads, [0] * threads, [0] * threads
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+                name = f"bench-{index}"
+                backend = conn.info.backend_pid
+                barrier.wait()
+                before = backend_cpu_ns(backend)
+                while True:
+                    claimed = claim(conn, ["default"], batch, name)
+                    statements[index] += 1
+                    if not claimed:
+                        # A key busy in the other claim is skipped, not waited for: an
+                        # empty claim ends the run only when nothing is pending.
+                        if not conn.execute("SELECT 1 FROM jobs WHERE status = 'pending' LIMIT 1").fetchone():
+                            break
+                        continue
+                    complete(conn, [Report(j.id, j.attempt) for j in claimed], actor=name,
+                             workflow_ids_known=True)
+                    counts[index] += len(claimed)
+                server_ns[index] = backend_cpu_ns(backend) - before
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            barrier.abort()
+
+    done = threading.Event()
+
+    def monitor() -> None:
+        """What `qforge monitor` does every tick for concurrency keys (every variant runs it)."""
+        with psycopg.connect(url, autocommit=True) as conn:
+            while not done.wait(1.0):
+                conn.execute("SELECT concurrency_compact()")
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    barrier.wait()
+    started = time.perf_counter()
+    compactor = threading.Thread(target=monitor)
+    compactor.start()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - started
+    done.set()
+    compactor.join()
+    if errors:
+        raise errors[0]
+    if sum(counts) != jobs:
+        raise RuntimeError(f"{variant}: claimed {sum(counts)} of {jobs} jobs")
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "qf_bench_flow16_{variant}" WITH (FORCE)')
+    return {"jobs_per_s": jobs / elapsed, "postgres_cpu_us_per_job": sum(server_ns) / 1000 / jobs,
+            "claims": sum(statements)}
+
+
+def claim_cpu(admin_url: str, variant: str, jobs: int, *, batch: int = 100) -> dict[str, float]:
+    """PostgreSQL CPU per claim statement: one connection claims `jobs` jobs, `batch` a claim
+    (no completions: only the claim's own cost). Runs against any QForge version for "plain"."""
+    from qforge.commands.claim import claim
+    from qforge.commands.enqueue import enqueue
+
+    url = recreate_database(admin_url, f"qf_bench_flow16_cpu_{variant}")
+    with psycopg.connect(url, autocommit=True) as conn:
+        for lo in range(0, jobs, 1000):
+            enqueue(conn, _specs(variant, min(1000, jobs - lo)), actor="bench")
+        if variant == "rate":
+            from qforge.commands.queues import QueueSettingsSpec, configure_queue
+            configure_queue(conn, "default", QueueSettingsSpec(rate_per_second=1_000_000, burst=1_000_000))
+        conn.execute("ANALYZE jobs")
+        conn.execute("CHECKPOINT")
+        backend = conn.info.backend_pid
+        claims, claimed = 0, 0
+        before, started = backend_cpu_ns(backend), time.perf_counter()
+        while claimed < jobs:
+            got = len(claim(conn, ["default"], batch, "bench"))
+            if not got:
+                raise RuntimeError(f"{variant}: claimed {claimed} of {jobs} jobs")
+            claimed += got
+            claims += 1
+        cpu_ns, elapsed = backend_cpu_ns(backend) - before, time.perf_counter() - started
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "qf_bench_flow16_cpu_{variant}" WITH (FORCE)')
+    return {"postgres_cpu_us_per_claim": cpu_ns / 1000 / claims, "ms_per_claim": elapsed * 1000 / claims,
+            "claims": claims}
+
+
+def run_claim(admin_url: str, jobs: int, repeat: int, variants: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
+    raw: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    for rep in range(repeat):
+        for variant in variants:  # interleaved: drift on a shared machine hits every variant alike
+            raw[variant].append(claim_variant(admin_url, variant, jobs))
+            print(f"claim rep {rep + 1} {variant}: {raw[variant][-1]['jobs_per_s']:,.0f} jobs/s, "
+                  f"{raw[variant][-1]['postgres_cpu_us_per_job']:.1f} us PG CPU/job", file=sys.stderr)
+    out: dict[str, Any] = {"jobs": jobs}
+    for variant in variants:
+        out[variant] = {"jobs_per_s": summarize([r["jobs_per_s"] for r in raw[variant]]),
+                        "postgres_cpu_us_per_job": summarize([r["postgres_cpu_us_per_job"] for r in raw[variant]])}
+        if variant != "plain" and "plain" in raw:
+            out[variant]["ratio_to_plain"] = statistics.median(
+                r["jobs_per_s"] / p["jobs_per_s"] for r, p in zip(raw[variant], raw["plain"]))
+    return out
+
+
+# --------------------------------------------------------------------------- with real workers
+
+def _worker(url: str, name: str, queues: str = "default", concurrency: int = 8) -> subprocess.Popen:
+    qforge = Path(sys.executable).parent / "qforge"
+    env = {**os.environ, "PYTHONPATH": str(BENCH_DIR), "QFORGE_LOG_LEVEL": "WARNING"}
+    return subprocess.Popen([str(qforge), "worker", "--database-url", url, "--queues", queues,
+                             "--concurrency", str(concurrency), "--tasks", "qf_tasks", "--name", name],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def _b_latencies(url: str, backlog: int, samples: int) -> dict[str, Any]:
+    """Enqueue `backlog` jobs of key A, then one job of key B a second; B's enqueue-to-claim seconds."""
+    from qforge.commands.enqueue import JobSpec, enqueue
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        for lo in range(0, backlog, 1000):
+            enqueue(conn, [JobSpec(task="bench_noop", fairness_key="A") for _ in range(min(1000, backlog - lo))],
+                    actor="bench")
+        conn.execute("ANALYZE jobs")
+        workers = [_worker(url, f"fair-{n}") for n in range(2)]
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and conn.execute(
+                    "SELECT count(*) FROM workers WHERE status = 'running'").fetchone()[0] < len(workers):
+                time.sleep(0.1)  # both workers serve (and, with a backlog, drain A) before B starts
+            time.sleep(1)
+            ids = []
+            for _ in range(samples):
+                ids.append(enqueue(conn, [JobSpec(task="bench_noop", fairness_key="B")], actor="bench")[0].id)
+                time.sleep(1)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and conn.execute(
+                    "SELECT count(*) FROM jobs WHERE id = ANY(%s) AND status <> 'succeeded'", [ids]).fetchone()[0]:
+                time.sleep(0.2)
+            rows = conn.execute(
+                "SELECT extract(epoch FROM c.occurred_at - e.occurred_at) FROM events e"
+                "  JOIN events c ON c.stream_id = e.stream_id AND c.type = 'Claimed' AND c.version = 2"
+                " WHERE e.stream_id = ANY(%s) AND e.version = 1", [ids]).fetchall()
+            a_left = conn.execute("SELECT count(*) FROM jobs WHERE fairness_key = 'A' AND status = 'pending'"
+                                  ).fetchone()[0]
+        finally:
+            _stop(workers)
+    latencies = [float(r[0]) for r in rows]
+    return {"samples": len(latencies), "p50_ms": statistics.median(latencies) * 1000,
+            "p99_ms": _p99(latencies) * 1000, "a_still_pending_at_end": a_left}
+
+
+def run_fairness(admin_url: str, backlog: int, samples: int) -> dict[str, Any]:
+    empty = _b_latencies(recreate_database(admin_url, "qf_bench_flow16_fair_empty"), 0, samples)
+    loaded = _b_latencies(recreate_database(admin_url, "qf_bench_flow16_fair_loaded"), backlog, samples)
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        for name in ("qf_bench_flow16_fair_empty", "qf_bench_flow16_fair_loaded"):
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return {"backlog_of_a": backlog, "empty": empty, "loaded": loaded,
+            "p99_ratio": loaded["p99_ms"] / max(empty["p99_ms"], 1e-9)}
+
+
+def run_rate(admin_url: str, rate: float, seconds: float) -> dict[str, Any]:
+    from qforge.commands.enqueue import JobSpec, enqueue
+    from qforge.commands.queues import QueueSettingsSpec, configure_queue
+
+    url = recreate_database(admin_url, "qf_bench_flow16_rate")
+    total = int(rate * (seconds + 20))
+    with psycopg.connect(url, autocommit=True) as conn:
+        for lo in range(0, total, 1000):
+            enqueue(conn, [JobSpec(task="bench_noop", queue="limited") for _ in range(min(1000, total - lo))],
+                    actor="bench")
+        configure_queue(conn, "limited", QueueSettingsSpec(rate_per_second=rate))
+        workers = [_worker(url, f"rate-{n}", queues="limited") for n in range(3)]
+        try:
+            time.sleep(seconds + 5)
+        finally:
+            _stop(workers)
+        first = conn.execute("SELECT min(occurred_at) FROM events WHERE type = 'Claimed'").fetchone()[0]
+        claims = conn.execute("SELECT count(*) FROM events WHERE type = 'Claimed' AND occurred_at < %s"
+                              " + make_interval(secs => %s)", [first, seconds]).fetchone()[0]
+        per_window = [r[0] for r in conn.execute(
+            "SELECT count(*) FROM events WHERE type = 'Claimed' AND occurred_at < %s + make_interval(secs => %s)"
+            " GROUP BY floor(extract(epoch FROM occurred_at - %s)) ORDER BY 1", [first, seconds, first])]
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute('DROP DATABASE IF EXISTS "qf_bench_flow16_rate" WITH (FORCE)')
+    measured = claims / seconds
+    return {"rate_per_second": rate, "seconds": seconds, "claims": claims, "measured_per_second": measured,
+            "error_pct": (measured - rate) / rate * 100, "per_second_min": min(per_window),
+            "per_second_max": max(per_window)}
+
+
+def run(admin_url: str, *, parts: tuple[str, ...] = ("claim", "fairness", "rate"), jobs: int = 20_000,
+        repeat: int = 3, backlog: int = 100_000, samples: int = 30, rate_seconds: float = 60) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    if "claim" in parts:
+        results["claim"] = run_claim(admin_url, jobs, repeat)
+    if "fairness" in parts:
+        results["fairness"] = run_fairness(admin_url, backlog, samples)
+    if "rate" in parts:
+        results["rate"] = run_rate(admin_url, 50, rate_seconds)
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The flow-control table of run.py --parts flow."""
+    rows = ["| flow control | figure | goal |", "| --- | --- | --- |"]
+    claim = results.get("claim")
+    if claim:
+        plain = claim["plain"]
+        rows.append(f"| claim+complete, plain jobs ({claim['jobs']:,}, 2 connections, batches of 100) | "
+                    f"{plain['jobs_per_s']['median']:,.0f} jobs/s, "
+                    f"{plain['postgres_cpu_us_per_job']['median']:.0f} µs PostgreSQL CPU/job | |")
+        for variant, label in (("keys", f"concurrency keys ({KEYS} keys, limits far above the drain)"),
+                               ("rate", "rate limit far above the drain"),
+                               ("fair", f"fairness keys ({KEYS} keys)")):
+            if variant in claim:
+                v = claim[variant]
+                rows.append(f"| claim+complete, {label} | {v['jobs_per_s']['median']:,.0f} jobs/s "
+                            f"({v['ratio_to_plain']:.2f}x plain), {v['postgres_cpu_us_per_job']['median']:.0f} µs "
+                            f"PostgreSQL CPU/job | >= 0.8x plain: {'met' if v['ratio_to_plain'] >= 0.8 else 'NOT met'} |")
+    fair = results.get("fairness")
+    if fair:
+        rows.append(f"| fairness: B (1 job/s) enqueue-to-start p99, A's {fair['backlog_of_a']:,} jobs queued first"
+                    f" | {fair['loaded']['p99_ms']:.0f} ms (empty queue: {fair['empty']['p99_ms']:.0f} ms; "
+                    f"{fair['p99_ratio']:.2f}x) | <= 2x: {'met' if fair['p99_ratio'] <= 2 else 'NOT met'} |")
+    rate = results.get("rate")
+    if rate:
+        rows.append(f"| rate limit {rate['rate_per_second']:.0f}/s, 3 worker processes, {rate['seconds']:.0f} s"
+                    f" | {rate['measured_per_second']:.2f}/s ({rate['error_pct']:+.1f} %) | within 5 %: "
+                    f"{'met' if abs(rate['error_pct']) <= 5 else 'NOT met'} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database-url", required=True, help="admin URL; databases are created beside it")
+    parser.add_argument("--parts", default="claim,fairness,rate")
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="claim part only")
+    parser.add_argument("--backlog", type=int, default=100_000)
+    parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument("--rate-seconds", type=float, default=60)
+    args = parser.parse_args()
+    parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
+    if parts == ("cpu",):
+        variants = tuple(v for v in args.variants.split(",") if v)
+        results = {"cpu": {v: [claim_cpu(args.database_url, v, args.jobs) for _ in range(args.repeat)]
+                           for v in variants}}
+    elif parts == ("claim",):
+        results = {"claim": run_claim(args.database_url, args.jobs, args.repeat,
+                                      tuple(v for v in args.variants.split(",") if v))}
+    else:
+        results = run(args.database_url, parts=parts, jobs=args.jobs, repeat=args.repeat, backlog=args.backlog,
+                      samples=args.samples, rate_seconds=args.rate_seconds)
+    print(json.dumps(results, indent=2, default=str))
+    if "cpu" not in results:
+        print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+-- Flow control (issue 16): the fold of the schedule and queue streams, and the
+-- running counts of concurrency keys.
+
+-- The fold of the schedule and queue streams into schedules / queue_settings.
+-- A statement trigger on the log (so replay's feed table carries it, and
+-- `qforge replay --verify` compares the tables); most statements hold none of
+-- these events and leave after one look at the set. These streams are few and
+-- slow (a tick a second at most per schedule), so they fold event by event.
+CREATE OR REPLACE FUNCTION flow_project() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    e record;
+    found_rows bigint;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM new_events x WHERE x.stream_type IN ('schedule', 'queue')) THEN
+        RETURN NULL;
+    END IF;
+    FOR e IN SELECT * FROM new_events x WHERE x.stream_type IN ('schedule', 'queue') ORDER BY x.position LOOP
+        IF e.stream_type = 'queue' AND e.version = 1 THEN
+            INSERT INTO queue_settings (id, queue, version, paused, rate_per_second, burst, updated_at,
+                                        last_position, chain)
+            VALUES (e.stream_id, e.data ->> 'queue', 1, e.type = 'QueuePaused',
+                    (e.data ->> 'rate_per_second')::float8, (e.data ->> 'burst')::integer,
+                    e.occurred_at, e.position, e.hash);
+            found_rows := 1;
+        ELSIF e.stream_type = 'queue' THEN
+            UPDATE queue_settings s SET
+                version = e.version, updated_at = e.occurred_at, last_position = e.position, chain = e.hash,
+                paused = CASE e.type WHEN 'QueuePaused' THEN true WHEN 'QueueResumed' THEN false
+                                     ELSE s.paused END,
+                rate_per_second = CASE WHEN e.type = 'QueueConfigured'
+                                       THEN (e.data ->> 'rate_per_second')::float8 ELSE s.rate_per_second END,
+                burst = CASE WHEN e.type = 'QueueConfigured' THEN (e.data ->> 'burst')::integer ELSE s.burst END
+             WHERE s.id = e.stream_id AND s.version = e.version - 1;
+            GET DIAGNOSTICS found_rows = ROW_COUNT;
+        ELSIF e.version = 1 THEN
+            IF e.type <> 'ScheduleCreated' THEN
+                RAISE EXCEPTION 'a schedule stream starts with ScheduleCreated, not %', e.type;
+            END IF;
+            INSERT INTO schedules (id, name, version, spec, paused, next_fire_at, created_at, updated_at,
+                                   last_position, chain)
+            VALUES (e.stream_id, e.data ->> 'name', 1, e.data -> 'spec', false,
+                    (e.data ->> 'next_at')::timestamptz, e.occurred_at, e.occurred_at, e.position, e.hash);
+            found_rows := 1;
+        ELSIF e.type = 'ScheduleDeleted' THEN
+            DELETE FROM schedules s WHERE s.id = e.stream_id AND s.version = e.version - 1;
+            GET DIAGNOSTICS found_rows = ROW_COUNT;
+        ELSE
+            UPDATE schedules s SET
+                version = e.version, updated_at = e.occurred_at, last_position = e.position, chain = e.hash,
+                spec = CASE WHEN e.type = 'ScheduleUpdated' THEN e.data -> 'spec' ELSE s.spec END,
+                paused = CASE e.type WHEN 'SchedulePaused' THEN true WHEN 'ScheduleResumed' THEN false
+                                     ELSE s.paused END,
+                next_fire_at = CASE WHEN e.type = 'SchedulePaused' THEN s.next_fire_at
+                                    ELSE (e.data ->> 'next_at')::timestamptz END,
+                last_tick = CASE WHEN e.type = 'ScheduleFired' THEN (e.data ->> 'tick')::timestamptz
+                                 ELSE s.last_tick END,
+                last_execution_id = CASE WHEN e.type = 'ScheduleFired' THEN (e.data ->> 'execution_id')::uuid
+                                         ELSE s.last_execution_id END,
+                fired = s.fired + (e.type = 'ScheduleFired')::integer,
+                skipped = s.skipped + CASE WHEN e.type = 'ScheduleSkipped' THEN (e.data ->> 'count')::integer
+                                           ELSE 0 END
+             WHERE s.id = e.stream_id AND s.version = e.version - 1
+               AND e.type IN ('ScheduleUpdated', 'SchedulePaused', 'ScheduleResumed', 'ScheduleFired',
+                              'ScheduleSkipped');
+            GET DIAGNOSTICS found_rows = ROW_COUNT;
+        END IF;
+        IF found_rows <> 1 THEN
+            RAISE EXCEPTION '% event % (version %) does not follow its stream % (a concurrent append, '
+                            'an unknown stream or an unknown type)', e.stream_type, e.type, e.version, e.stream_id
+                USING ERRCODE = 'unique_violation';
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE TRIGGER events_project_flow AFTER INSERT ON events
+    REFERENCING NEW TABLE AS new_events
+    FOR EACH STATEMENT EXECUTE FUNCTION flow_project();
+
+-- Running jobs per concurrency key (see concurrency_slots, migration 0010):
+-- a job that starts running adds to its key's claimed (the claim holds the
+-- key's row already; other writers lock rows in key order), one that stops
+-- running appends to concurrency_releases (no lock on the key's row). A
+-- statement without keyed jobs leaves after one look at its rows.
+CREATE OR REPLACE FUNCTION jobs_concurrency_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM new_jobs WHERE concurrency_key IS NOT NULL) THEN
+        RETURN NULL;
+    END IF;
+    -- A key's row comes with its first job; the latest job's limit is the key's.
+    INSERT INTO concurrency_slots AS s (key, lim, claimed)
+    SELECT concurrency_key, max(concurrency_limit), count(*) FILTER (WHERE status = 'running')
+      FROM new_jobs WHERE concurrency_key IS NOT NULL
+     GROUP BY concurrency_key ORDER BY concurrency_key
+    ON CONFLICT (key) DO UPDATE SET lim = excluded.lim, claimed = s.claimed + excluded.claimed
+     WHERE s.lim <> excluded.lim OR excluded.claimed <> 0;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION jobs_concurrency_update() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM new_jobs WHERE concurrency_key IS NOT NULL) THEN
+        RETURN NULL;
+    END IF;
+    WITH moved AS (
+        SELECT n.concurrency_key AS key,
+               count(*) FILTER (WHERE n.status = 'running' AND o.status <> 'running') AS started,
+               count(*) FILTER (WHERE o.status = 'running' AND n.status <> 'running') AS stopped
+          FROM new_jobs n JOIN old_jobs o ON o.id = n.id
+         WHERE n.concurrency_key IS NOT NULL AND (n.status = 'running') <> (o.status = 'running')
+         GROUP BY n.concurrency_key
+    ), locked AS MATERIALIZED (
+        -- in key order (the lock sits above the sort); a claim holds these already
+        SELECT s.key FROM concurrency_slots s WHERE s.key IN (SELECT key FROM moved WHERE started > 0)
+         ORDER BY s.key FOR UPDATE
+    ), counted AS (
+        UPDATE concurrency_slots s SET claimed = s.claimed + m.started
+          FROM moved m
+         WHERE s.key = m.key AND s.key IN (SELECT key FROM locked)
+    )
+    INSERT INTO concurrency_releases (key, released)
+    SELECT key, stopped FROM moved WHERE stopped > 0;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION jobs_concurrency_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO concurrency_releases (key, released)
+    SELECT concurrency_key, count(*) FROM old_jobs
+     WHERE concurrency_key IS NOT NULL AND status = 'running' GROUP BY 1;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE TRIGGER jobs_concurrency_insert AFTER INSERT ON jobs
+    REFERENCING NEW TABLE AS new_jobs FOR EACH STATEMENT EXECUTE FUNCTION jobs_concurrency_insert();
+CREATE OR REPLACE TRIGGER jobs_concurrency_update AFTER UPDATE ON jobs
+    REFERENCING OLD TABLE AS old_jobs NEW TABLE AS new_jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION jobs_concurrency_update();
+CREATE OR REPLACE TRIGGER jobs_concurrency_delete AFTER DELETE ON jobs
+    REFERENCING OLD TABLE AS old_jobs FOR EACH STATEMENT EXECUTE FUNCTION jobs_concurrency_delete();
+
+-- One released row per key (the monitor's leader, every tick). The rows it
+-- replaces and the one it writes have the same sum, and a reader's snapshot
+-- sees either the former or the latter: never both, never neither.
+CREATE OR REPLACE FUNCTION concurrency_compact() RETURNS bigint LANGUAGE sql AS $$
+    WITH moved AS (
+        DELETE FROM concurrency_releases RETURNING key, released
+    ), summed AS (
+        INSERT INTO concurrency_releases (key, released)
+        SELECT key, sum(released) FROM moved GROUP BY key
+        RETURNING key
+    )
+    SELECT (SELECT count(*) FROM moved) - (SELECT count(*) FROM summed)
+$$;
+
+-- How many jobs of each key run now (tests, operators).
+CREATE OR REPLACE VIEW concurrency_running AS
+SELECT s.key, s.lim, s.claimed - coalesce((SELECT sum(r.released) FROM concurrency_releases r
+                                            WHERE r.key = s.key), 0) AS running
+  FROM concurrency_slots s;

@@ -1,0 +1,102 @@
+// Schedules: every cron schedule with its next fire time, its last tick and what it started;
+// pause, resume and delete. Ticks and changes arrive as events (ScheduleFired, ...).
+
+import { api, ApiError, itemsOf } from "./api.js";
+import {
+  clear, dateTime, debounce, emptyState, h, jobLink, syncChildren, toast, workflowLink,
+} from "./dom.js";
+import { subscribe } from "./live.js";
+
+const POLL_MS = 2000;
+
+function target(schedule) {
+  if (schedule.job) return `job ${schedule.job.task} → ${schedule.job.queue ?? "default"}`;
+  return `definition ${schedule.definition}`;
+}
+
+function lastRun(schedule) {
+  if (!schedule.last_execution_id) return "—";
+  return schedule.job ? jobLink(schedule.last_execution_id) : workflowLink(schedule.last_execution_id);
+}
+
+export function mountSchedules(container) {
+  const body = h("tbody", { id: "schedule-rows" });
+  const empty = emptyState("No schedules. POST /schedules creates one (cron, and a job or a definition).");
+  const updated = h("span", { class: "muted small", "aria-live": "off" });
+  let disposed = false;
+
+  async function act(schedule, request, done) {
+    try {
+      await api(`/schedules/${encodeURIComponent(schedule.name)}`, request);
+      toast(`Schedule ${schedule.name} ${request.method === "DELETE" ? "deleted"
+        : request.body.paused ? "paused" : "resumed"}.`, "ok");
+    } catch (error) {
+      toast(error instanceof ApiError ? error.message : "Could not change the schedule.", "error");
+    }
+    done();
+  }
+
+  function row(schedule) {
+    const button = (label, request, cls = "") => h("button", {
+      class: `btn small ${cls}`, type: "button", "data-schedule": schedule.name,
+      onclick: (event) => {
+        event.currentTarget.disabled = true;
+        act(schedule, request, refresh);
+      },
+    }, label);
+    return h("tr", { "data-schedule": schedule.name, class: schedule.paused ? "paused" : null },
+      h("th", { scope: "row" }, schedule.name,
+        schedule.paused ? h("span", { class: "pill paused-pill" }, "paused") : null),
+      h("td", null, h("code", null, schedule.cron), " ", h("span", { class: "muted small" }, schedule.timezone)),
+      h("td", null, target(schedule)),
+      h("td", { class: "next-fire" }, schedule.next_fire_at ? dateTime(schedule.next_fire_at) : "—"),
+      h("td", null, schedule.last_tick ? dateTime(schedule.last_tick) : "—"),
+      h("td", null, lastRun(schedule)),
+      h("td", { class: "num" }, String(schedule.fired)),
+      h("td", { class: "num" }, String(schedule.skipped)),
+      h("td", null, schedule.catch_up),
+      h("td", null,
+        schedule.paused
+          ? button("Resume", { method: "PATCH", body: { paused: false } }, "primary resume")
+          : button("Pause", { method: "PATCH", body: { paused: true } }, "pause"),
+        " ",
+        button("Delete", { method: "DELETE" }, "danger delete")));
+  }
+
+  async function refresh() {
+    try {
+      const schedules = itemsOf(await api("/schedules"), "schedules");
+      if (disposed) return;
+      syncChildren(body, schedules, {
+        key: (schedule) => schedule.name,
+        signature: (schedule) => JSON.stringify(schedule),
+        build: row,
+      });
+      empty.hidden = schedules.length > 0;
+      updated.textContent = `updated ${new Date().toLocaleTimeString()}`;
+    } catch (error) {
+      if (!disposed) updated.textContent = `could not refresh: ${error.message}`;
+    }
+  }
+
+  const refreshSoon = debounce(refresh, 250);
+  const unsubscribe = subscribe((event) => {
+    if (String(event.type).startsWith("Schedule")) refreshSoon();
+  });
+
+  clear(container).append(h("section", { class: "view schedules" },
+    h("div", { class: "toolbar" }, h("h1", null, "Schedules"), h("div", { class: "spacer" }), updated),
+    h("div", { class: "card flush" }, h("div", { class: "table-wrap" }, h("table", { class: "list schedules-table" },
+      h("thead", null, h("tr", null, ["Schedule", "Cron", "Starts", "Next fire", "Last tick", "Last run",
+        "Fired", "Skipped", "Catch up", ""].map((label) => h("th", null, label)))),
+      body)), empty)));
+
+  refresh();
+  const timer = setInterval(refresh, POLL_MS);
+  return () => {
+    disposed = true;
+    clearInterval(timer);
+    refreshSoon.cancel();
+    unsubscribe();
+  };
+}
