@@ -82,6 +82,12 @@ def _replay_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _audit_arguments(parser: argparse.ArgumentParser) -> None:
+    from qforge.cli.audit import add_arguments  # its sub-actions live with their code
+
+    add_arguments(parser)
+
+
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-url", default="http://127.0.0.1:8090", help="the running API to talk to")
 
@@ -95,6 +101,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("worker", "run a worker pool", "worker", _worker_arguments),
     Subcommand("monitor", "recover stale jobs, fire timers and trigger timeouts", "monitor"),
     Subcommand("replay", "rebuild the projections from the event log", "replay", _replay_arguments),
+    Subcommand("audit", "the tamper-evident log: checkpoint, head, verify, export", "audit", _audit_arguments),
     Subcommand("demo", "enqueue sample jobs and a DAG workflow against a running API", "demo",
                _demo_arguments),
 ]

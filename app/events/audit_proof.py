@@ -1,0 +1,76 @@
+"""Proofs: an execution's events with their hashes, the Merkle paths into the checkpoints covering them, and the chain of checkpoints up to the newest.
+
+A proof is checked alone, against a head kept outside the database, by
+tools/verify_audit_proof.py (standard library only); `check` runs that same
+checker here, for the dashboard's "verified up to checkpoint N".
+"""
+
+from __future__ import annotations
+
+from datetime import timezone
+from typing import Any
+from uuid import UUID
+
+from psycopg.rows import dict_row
+
+from qforge.events import audit
+from qforge.sql import q
+from qforge.tools.verify_audit_proof import check_proof
+
+
+def proof(conn, kind: str, execution_id: UUID) -> dict[str, Any] | None:
+    """The proof for a job or a workflow (None when it has no events), read in one snapshot."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(q("audit_proof_events"), {"id": execution_id}).fetchall()
+            if not rows or not any(r["stream_id"] == execution_id and r["stream_type"] == kind for r in rows):
+                return None
+            seqs = sorted({r["checkpoint"] for r in rows if r["checkpoint"] is not None})
+            recorded = cur.execute(q("audit_checkpoint_leaves"), {"seqs": seqs}).fetchall()
+            leaves = {row["seq"]: audit.leaves_of(row["positions"], bytes(row["hashes"])) for row in recorded}
+            index_of = {row["seq"]: {position: i for i, position in enumerate(row["positions"])}
+                        for row in recorded}
+            headers = [audit.Checkpoint.from_row(row).header() for row in cur.execute(
+                q("audit_checkpoint_headers"), {"leaves": False, "from_seq": seqs[0] if seqs else 2**62})]
+            newest = cur.execute(q("audit_head")).fetchone()
+    if newest is not None and not headers:
+        # Nothing covered yet: the newest header still tells the auditor where the checkpoints stand.
+        headers = [audit.Checkpoint.from_row(newest).header()]
+    events = []
+    for row in rows:
+        seq = row["checkpoint"]
+        index = index_of.get(seq, {}).get(row["position"]) if seq is not None else None
+        events.append({
+            "position": row["position"], "xid": row["xid"], "stream_type": row["stream_type"],
+            "stream_id": str(row["stream_id"]), "version": row["version"], "type": row["type"],
+            "schema_version": row["schema_version"], "data_text": row["data_text"], "tags_text": row["tags_text"],
+            "workflow_id": None if row["workflow_id"] is None else str(row["workflow_id"]),
+            "occurred_at": row["occurred_at"].astimezone(timezone.utc).isoformat(), "actor": row["actor"],
+            "hash": bytes(row["hash"]).hex(),
+            "checkpoint": seq,
+            # No index: the checkpoint did not record this position (the log was changed after it).
+            "merkle_path": audit.merkle_path(leaves[seq], index) if index is not None else None,
+        })
+    return {"qforge_audit_proof": 1, "kind": kind, "id": str(execution_id), "events": events,
+            "checkpoints": headers}
+
+
+def check(proof_: dict[str, Any]) -> dict[str, Any]:
+    """The proof checked against its own newest checkpoint, as the dashboard shows it.
+
+    This says the live log still matches the checkpoints for this execution; an
+    auditor who does not trust the server checks the proof against a head they
+    kept (tools/verify_audit_proof.py).
+    """
+    covered = [e["checkpoint"] for e in proof_["events"] if e["checkpoint"] is not None]
+    if not proof_["checkpoints"] or not covered:
+        return {"verified": False, "checkpoint": None, "covered": 0, "events": len(proof_["events"]),
+                "problems": ["no checkpoint covers this execution yet"]}
+    newest = proof_["checkpoints"][-1]
+    problems = check_proof(proof_, newest)
+    # Events after the newest checkpoint are not a problem of the log: they are just not vouched for yet.
+    pending = [p for p in problems if p.endswith("no checkpoint up to the head covers this event yet")]
+    problems = [p for p in problems if p not in pending]
+    return {"verified": not problems, "checkpoint": max(covered), "covered": len(covered),
+            "events": len(proof_["events"]), "problems": problems}
