@@ -14,7 +14,7 @@ from qforge.api.models import EventHistory, JobList, JobView
 from qforge.commands.enqueue import enqueue
 from qforge.commands.specs import JobSpec
 from qforge.commands.manage import cancel_job, retry_job
-from qforge.events import store
+from qforge.events import audit_proof, store
 from qforge.events.states import statuses
 from qforge.projections import asof
 from qforge.projections import jobs as jobs_view
@@ -73,6 +73,16 @@ def job_events(job_id: UUID, conn: Conn) -> dict:
     if not events or events[0].stream_type != "job":
         raise ApiError(404, "not_found", f"job {job_id} not found")
     return {"events": [e.model_dump(mode="json") for e in events]}
+
+
+@router.get("/jobs/{job_id}/proof", response_model=None, responses=ERRORS)
+def job_proof(job_id: UUID, conn: Conn) -> dict:
+    """The job's events with their hashes and Merkle paths, and the checkpoints up to the newest:
+    check it alone with tools/verify_audit_proof.py against a head you kept (`qforge audit head`)."""
+    found = audit_proof.proof_with_status(conn, "job", job_id)
+    if found is None:
+        raise ApiError(404, "not_found", f"job {job_id} not found")
+    return found
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobView, responses=ERRORS)

@@ -13,7 +13,7 @@ from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, TriggerRequest, WorkflowCreated, WorkflowList, WorkflowView
 from qforge.commands import workflows as commands
 from qforge.commands.specs import WorkflowSpec
-from qforge.events import store
+from qforge.events import audit_proof, store
 from qforge.events.states import statuses
 from qforge.projections import asof
 from qforge.projections import workflows as workflows_view
@@ -71,6 +71,16 @@ def workflow_events(workflow_id: UUID, conn: Conn) -> dict:
     if not events:
         raise ApiError(404, "not_found", f"workflow {workflow_id} not found")
     return {"events": [e.model_dump(mode="json") for e in events]}
+
+
+@router.get("/workflows/{workflow_id}/proof", response_model=None, responses=ERRORS)
+def workflow_proof(workflow_id: UUID, conn: Conn) -> dict:
+    """The workflow's events with their hashes and Merkle paths, and the checkpoints up to the newest:
+    check it alone with tools/verify_audit_proof.py against a head you kept (`qforge audit head`)."""
+    found = audit_proof.proof_with_status(conn, "workflow", workflow_id)
+    if found is None:
+        raise ApiError(404, "not_found", f"workflow {workflow_id} not found")
+    return found
 
 
 @router.post("/workflows/{workflow_id}/cancel", response_model=WorkflowView, responses=ERRORS)

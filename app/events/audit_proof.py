@@ -74,3 +74,9 @@ def check(proof_: dict[str, Any]) -> dict[str, Any]:
     problems = [p for p in problems if p not in pending]
     return {"verified": not problems, "checkpoint": max(covered), "covered": len(covered),
             "events": len(proof_["events"]), "problems": problems}
+
+
+def proof_with_status(conn, kind: str, execution_id: UUID) -> dict[str, Any] | None:
+    """The proof with the server's own check of it under `status` (what the API answers)."""
+    found = proof(conn, kind, execution_id)
+    return None if found is None else {**found, "status": check(found)}
