@@ -222,6 +222,14 @@ def test_verify_names_the_stream_an_event_was_deleted_from(conn, db_url, capsys,
                      " missing", out), out
 
 
+def test_verify_names_a_stream_whose_newest_event_was_deleted(conn, db_url, capsys):
+    ids = workload(conn)  # no checkpoint yet: only the head kept on the stream's row can tell
+    *_, before_last, last = events_of(conn, ids["order"])
+    tamper(conn, "DELETE FROM events WHERE position = %s", (last["position"],))
+    out = assert_named(capsys, db_url, {last["position"]})
+    assert f"but its last event is at position {before_last['position']}" in out
+
+
 def test_verify_names_an_event_inserted_with_a_valid_hash(conn, db_url, capsys, sealed):
     # A forged completion appended to the stream as the database would hash it, slipped in
     # among already checkpointed transactions (an old xid), the row's chain head moved too.

@@ -60,25 +60,35 @@ SELECT seq, hash FROM audit_checkpoints WHERE seq = %(seq)s
 -- were archived, the archive's last hash of it) and its own canonical bytes,
 -- and its version against the one before it. An edited event fails the first
 -- test; an event re-hashed to pass it moves the failure to the next event of
--- its stream; a deleted one leaves a gap in the versions.
+-- its stream; a deleted one leaves a gap in the versions. The last event of a
+-- stream is also checked against the head of the chain kept on the stream's
+-- row (the next append chains to it): deleting a stream's newest events
+-- leaves them apart.
 WITH archived AS (
     SELECT * FROM unnest(%(archived_ids)s::uuid[], %(archived_versions)s::integer[],
                          %(archived_hashes)s::bytea[]) AS a(stream_id, version, hash)
 ), checked AS (
-    SELECT e.position, e.stream_id, e.version,
+    SELECT e.position, e.stream_id, e.version, e.hash,
            coalesce(lag(e.version) OVER w, a.version, 0) AS prev_version,
            e.hash = sha256(coalesce(lag(e.hash) OVER w, a.hash, ''::bytea)
                            || event_canonical_v1(e.stream_type, e.stream_id, e.version, e.type,
                                                  e.schema_version, e.data, e.tags, e.workflow_id,
-                                                 e.occurred_at, e.actor)) AS hash_holds
+                                                 e.occurred_at, e.actor)) AS hash_holds,
+           lead(e.version) OVER w IS NULL AS last_of_stream, e.stream_type
       FROM events e
       LEFT JOIN archived a ON a.stream_id = e.stream_id
     WINDOW w AS (PARTITION BY e.stream_id ORDER BY e.version, e.position)
 )
-SELECT position, stream_id, version, prev_version, hash_holds
-  FROM checked
- WHERE NOT hash_holds OR version <> prev_version + 1
- ORDER BY position
+SELECT * FROM (
+    SELECT c.position, c.stream_id, c.version, c.prev_version, c.hash_holds,
+           coalesce(j.chain, w.chain) IS NULL OR coalesce(j.chain, w.chain) = c.hash AS head_holds,
+           coalesce(j.last_position, w.last_position) AS row_position
+      FROM checked c
+      LEFT JOIN jobs j ON c.last_of_stream AND c.stream_type = 'job' AND j.id = c.stream_id
+      LEFT JOIN workflows w ON c.last_of_stream AND c.stream_type = 'workflow' AND w.id = c.stream_id
+) r
+ WHERE NOT r.hash_holds OR r.version <> r.prev_version + 1 OR NOT r.head_holds
+ ORDER BY r.position
 
 -- name: audit_events_count
 SELECT count(*) AS n FROM events
@@ -108,18 +118,6 @@ SELECT coalesce(s.position, p.position) AS position, s.seq, p.stream_id, s.hash 
   FROM stored s
   FULL JOIN present p ON p.position = s.position
  WHERE s.hash IS DISTINCT FROM p.hash
- ORDER BY 1
-
--- name: audit_stream_head_breaks
--- The head of each stream's chain kept on its row (the next append chains to
--- it) against its last event: deleting a stream's newest events leaves them
--- apart. Streams with no event left in the live log are the archive's.
-SELECT s.last_position AS position, s.id AS stream_id, e.position AS last_event_position
-  FROM (SELECT id, last_position, chain FROM jobs
-        UNION ALL
-        SELECT id, last_position, chain FROM workflows) s
-  JOIN LATERAL (SELECT position, hash FROM events WHERE stream_id = s.id ORDER BY version DESC LIMIT 1) e ON true
- WHERE e.hash IS DISTINCT FROM s.chain
  ORDER BY 1
 
 -- name: audit_proof_events
