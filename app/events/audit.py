@@ -103,14 +103,16 @@ class Checkpoint:
                                self.events, self.root)
 
 
-def checkpoint(conn, *, max_events: int = CHECKPOINT_MAX_EVENTS) -> list[Checkpoint]:
+def checkpoint(conn, *, max_events: int = CHECKPOINT_MAX_EVENTS,
+               max_checkpoints: int | None = None) -> list[Checkpoint]:
     """Record checkpoints over every event a gapless reader sees now and no checkpoint covers yet.
 
     One transaction per checkpoint, under the checkpointers' lock; none when
-    nothing is new. Returns what was recorded, oldest first.
+    nothing is new; at most `max_checkpoints` (None: until caught up). Returns
+    what was recorded, oldest first.
     """
     made: list[Checkpoint] = []
-    while True:
+    while max_checkpoints is None or len(made) < max_checkpoints:
         with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             cur.execute(q("audit_lock"), {"key": CHECKPOINT_LOCK_KEY})
             last = cur.execute(q("audit_last")).fetchone()
@@ -135,6 +137,7 @@ def checkpoint(conn, *, max_events: int = CHECKPOINT_MAX_EVENTS) -> list[Checkpo
         made.append(made_now)
         if len(rows) < max_events:
             return made
+    return made
 
 
 # -- Heads: the newest checkpoint, kept outside the database -------------------

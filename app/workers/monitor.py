@@ -107,7 +107,12 @@ class Monitor:
             if made:
                 log.info("created %d log partition(s) ahead of the appends", made)
             cur.execute(q("counters_compact"))
-        self._checkpoint(conn)
+        try:
+            self._checkpoint(conn)
+        except TRANSIENT_ERRORS:
+            raise
+        except psycopg.Error:  # the audit must not stop the timers and the recovery below
+            log.exception("audit checkpoint failed; trying again next tick")
         fired = sum(_drain_counts(lambda: fire_timers(conn, limit=BATCH_LIMIT, actor=self.actor)))
         if fired:
             log.info("fired %d timers (sleep steps ended, trigger waits timed out)", fired)
@@ -126,10 +131,13 @@ class Monitor:
         every = self.settings.audit_checkpoint_seconds
         if not every or time.monotonic() < self.checkpoint_after:
             return
-        made = audit.checkpoint(conn)
-        self.checkpoint_after = time.monotonic() + every
+        # One checkpoint a tick: a long backlog (the first checkpoint of a large
+        # upgraded log) is caught up tick by tick, between the other duties.
+        made = audit.checkpoint(conn, max_checkpoints=1)
+        behind = bool(made) and made[-1].events == audit.CHECKPOINT_MAX_EVENTS
+        self.checkpoint_after = time.monotonic() + (0 if behind else every)
         if made:
-            log.debug("audit checkpoint %d covers %d new events", made[-1].seq, sum(c.events for c in made))
+            log.debug("audit checkpoint %d covers %d new events", made[-1].seq, made[-1].events)
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
