@@ -34,6 +34,8 @@ class Settings(BaseSettings):
 
     # When set, the API requires "Authorization: Bearer <token>" (except /healthz).
     api_token: str | None = None
+    # Where `qforge archive` writes segments when --to is not given.
+    archive_dir: str | None = None
     max_body_bytes: int = Field(default=1_048_576, gt=0)
     host: str = "127.0.0.1"
     port: int = Field(default=8090, ge=0, le=65535)

@@ -10,14 +10,19 @@ $$;
 
 -- name: history_events
 -- Enqueued, Claimed, Succeeded of jobs lo .. hi-1, as the commands write them
--- (compact data, no tags, each event hash-chained to the one before it), and
--- the rows those events fold to (checked against the fold on a sample).
+-- (compact data, each event hash-chained to the one before it; a tag
+-- {"order": "O-<i>"} on the first, as a shop's jobs would carry), and the rows
+-- those events fold to (checked against the fold on a sample).
 WITH g AS (
     SELECT i, bench_history_id(%(base_ms)s + i, i) AS id,
-           to_timestamp((%(base_ms)s + i) / 1000.0) AS created
+           to_timestamp((%(base_ms)s + i) / 1000.0) AS created,
+           jsonb_build_object('order', 'O-' || i) AS tags
       FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) AS i
+), tagged AS (
+    INSERT INTO execution_tags (key, value, kind, id)
+    SELECT 'order', 'O-' || g.i, 'job', g.id FROM g
 ), h1 AS (
-    SELECT g.*, event_hash(NULL, 'job', g.id, 1, 'Enqueued', 1::smallint, '{"task": "bench_noop"}', NULL,
+    SELECT g.*, event_hash(NULL, 'job', g.id, 1, 'Enqueued', 1::smallint, '{"task": "bench_noop"}', g.tags,
                            NULL, g.created, 'bench-history') AS h1
       FROM g
 ), h2 AS (
@@ -25,8 +30,9 @@ WITH g AS (
                             h1.created + interval '1 ms', 'bench-history') AS h2
       FROM h1
 ), written AS (
-    INSERT INTO events (stream_type, stream_id, version, type, data, occurred_at, actor, hash)
-    SELECT 'job', h2.id, v.version, v.type, v.data, h2.created + v.after, 'bench-history', v.hash
+    INSERT INTO events (stream_type, stream_id, version, type, data, tags, occurred_at, actor, hash)
+    SELECT 'job', h2.id, v.version, v.type, v.data, CASE WHEN v.version = 1 THEN h2.tags END,
+           h2.created + v.after, 'bench-history', v.hash
       FROM h2
      CROSS JOIN LATERAL (VALUES
             (1, 'Enqueued', '{"task": "bench_noop"}'::jsonb, interval '0', h2.h1),
@@ -36,7 +42,9 @@ WITH g AS (
                         h2.created + interval '2 ms', 'bench-history'))
            ) AS v(version, type, data, after, hash)
      ORDER BY h2.i, v.version
-    RETURNING stream_id, version, position, hash, occurred_at
+    RETURNING stream_id, version, position, hash, occurred_at, tags
+), first_tags AS (
+    SELECT stream_id, tags FROM written WHERE version = 1
 )
 INSERT INTO jobs (id, version, task, queue, status, priority, attempts, free_attempts, max_retries,
                   run_at, timeout_seconds, payload, result, last_error, tags, idempotency_key,
@@ -44,11 +52,11 @@ INSERT INTO jobs (id, version, task, queue, status, priority, attempts, free_att
                   worker, heartbeat_at, started_at, finished_at, created_at, updated_at,
                   last_position, chain)
 SELECT w.stream_id, 3, 'bench_noop', 'default', 'succeeded', 0, 1, 0, 3,
-       w.occurred_at - interval '2 ms', NULL, '{}'::jsonb, 'null'::jsonb, NULL, '{}'::jsonb, NULL,
+       w.occurred_at - interval '2 ms', NULL, '{}'::jsonb, 'null'::jsonb, NULL, t.tags, NULL,
        NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        'bench-history', w.occurred_at - interval '1 ms', w.occurred_at - interval '1 ms',
        w.occurred_at, w.occurred_at - interval '2 ms', w.occurred_at, w.position, w.hash
-  FROM written w
+  FROM written w JOIN first_tags t USING (stream_id)
  WHERE w.version = 3
 
 -- name: history_partitions

@@ -32,8 +32,10 @@ from qforge.commands.report import Report, complete
 from qforge.commands.specs import JobSpec
 from qforge.commands.workflows import trigger
 from qforge.db import connect, with_database
+from qforge.commands.archive import archive
 from qforge.events import audit, audit_verify
-from qforge.events.states import WORKFLOW_FINISHED
+from qforge.events.archive_check import verify_archive
+from qforge.events.states import JOB_FINISHED, WORKFLOW_FINISHED
 from qforge.migrate import migrate, status
 from qforge.projections import replay
 
@@ -255,3 +257,35 @@ def test_an_upgraded_database_has_the_catalog_of_a_fresh_install(upgraded: tuple
     for part in CATALOG_QUERIES:
         assert after_upgrade[part] == fresh[part], part
     assert len(fresh["functions"]) > 10 and len(fresh["indexes"]) > 5 and len(fresh["triggers"]) >= 3
+
+
+def test_an_upgraded_log_is_archived_whole_and_what_waits_still_finishes(upgraded: tuple[str, dict],
+                                                                        scratch_dir: Path) -> None:
+    """The 0.1.0 events (now the log's first partition) leave as a segment; the finished executions
+    leave the read model, the waiting workflows stay and finish; replay with the archive agrees."""
+    url, record = upgraded
+    with connect(url, autocommit=True, row_factory=dict_row) as conn:
+        done = archive(conn, scratch_dir, close_current=True)
+        assert done.events == record["events"]
+        assert conn.execute("SELECT count(*) AS n FROM events").fetchone()["n"] == 0
+        assert verify_archive(scratch_dir, conn).problems == []
+        finished = sorted(JOB_FINISHED), sorted(WORKFLOW_FINISHED)
+        assert conn.execute("SELECT count(*) AS n FROM jobs WHERE status = ANY(%s) AND workflow_id IS NULL",
+                            (finished[0],)).fetchone()["n"] == 0
+        assert conn.execute(  # a finished workflow stays only while one of its steps is active
+            "SELECT count(*) AS n FROM workflows w WHERE w.status = ANY(%s) AND NOT EXISTS"
+            " (SELECT FROM jobs j WHERE j.workflow_id = w.id AND j.status <> ALL(%s))",
+            finished[::-1]).fetchone()["n"] == 0
+        assert conn.execute("SELECT count(*) AS n FROM jobs WHERE status <> ALL(%s)",
+                            (finished[0],)).fetchone()["n"] == sum(
+            n for status, n in record["counts"].items() if status not in JOB_FINISHED)
+        assert replay.verify(conn, archive=scratch_dir) == []
+        for workflow_id, step in record["waiting_triggers"]:
+            trigger(conn, workflow_id, step, {"approved_by": "after the archive"}, actor="test")
+        while claimed := claim(conn, ["default", "emails"], 100, "upgrade-worker"):
+            complete(conn, [Report(job.id, job.attempt, result={"ok": True}, workflow_id=job.workflow_id)
+                            for job in claimed], actor="upgrade-worker", workflow_ids_known=True)
+        for workflow_id, _ in record["waiting_triggers"]:
+            row = conn.execute("SELECT status FROM workflows WHERE id = %s", (workflow_id,)).fetchone()
+            assert row["status"] in WORKFLOW_FINISHED, (workflow_id, row)
+        assert replay.verify(conn, archive=scratch_dir) == []

@@ -10,6 +10,7 @@ from fastapi import Query
 
 from qforge.api.errors import ApiError
 from qforge.api.models import ErrorBody
+from qforge.projections import archived
 from qforge.projections.pages import parse_tags
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -17,6 +18,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     for status, description in [
         (400, "malformed input (JSON, cursor, tag)"), (401, "missing or wrong token"),
         (404, "unknown id"), (409, "the current state does not allow it"),
+        (410, "archived: the execution's events are in an archive segment (named in details)"),
         (413, "body over QFORGE_MAX_BODY_BYTES"),
         (422, "invalid input; details name every problem"), (503, "database unavailable"),
     ]
@@ -48,3 +50,16 @@ def as_of_view(read: Callable[[Any, UUID, int], dict | None], conn, stream_id: U
     if view is None:
         raise ApiError(404, "not_found", f"{what} did not exist at log position {position}")
     return view
+
+
+def missing(conn, kind: str, stream_id) -> ApiError:
+    """The error for an id the read model does not have: 410 naming the archive segment
+    that holds it, when one may; 404 otherwise."""
+    held = archived.segments_holding(conn, stream_id)
+    if not held:
+        return ApiError(404, "not_found", f"{kind} {stream_id} not found")
+    names = ", ".join(s["segment"] for s in held)
+    return ApiError(410, "archived", f"{kind} {stream_id} is archived: its events are in archive segment"
+                    f" {names} (qforge history {stream_id} --archive DIR prints them)",
+                    [{"segment": s["segment"], "first_position": s["first_position"],
+                      "last_position": s["last_position"]} for s in held])

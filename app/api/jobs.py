@@ -7,7 +7,7 @@ from uuid import UUID
 
 from fastapi import APIRouter, Query, Response
 
-from qforge.api.common import ERRORS, as_of_view, bad_query, limit_query, tag_query, tags_of
+from qforge.api.common import ERRORS, as_of_view, missing, bad_query, limit_query, tag_query, tags_of
 from qforge.api.deps import Conn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, JobList, JobView
@@ -27,7 +27,7 @@ JobStatus = Literal[tuple(sorted(statuses("job")))]  # type: ignore[valid-type]
 def _job(conn, job_id: UUID) -> dict:
     job = jobs_view.get_job(conn, job_id)
     if job is None:
-        raise ApiError(404, "not_found", f"job {job_id} not found")
+        raise missing(conn, "job", job_id)
     return job
 
 
@@ -70,7 +70,9 @@ def get_job(job_id: UUID, conn: Conn,
 def job_events(job_id: UUID, conn: Conn) -> dict:
     """The job's own events, oldest first: its audit trail."""
     events = store.read_stream(conn, job_id)
-    if not events or events[0].stream_type != "job":
+    if not events:
+        raise missing(conn, "job", job_id)
+    if events[0].stream_type != "job":
         raise ApiError(404, "not_found", f"job {job_id} not found")
     return {"events": [e.model_dump(mode="json") for e in events]}
 
@@ -81,7 +83,7 @@ def job_proof(job_id: UUID, conn: Conn) -> dict:
     check it alone with tools/verify_audit_proof.py against a head you kept (`qforge audit head`)."""
     found = audit_proof.proof_with_status(conn, "job", job_id)
     if found is None:
-        raise ApiError(404, "not_found", f"job {job_id} not found")
+        raise missing(conn, "job", job_id)
     return found
 
 

@@ -7,7 +7,7 @@ from uuid import UUID
 
 from fastapi import APIRouter, Path, Query, Response
 
-from qforge.api.common import ERRORS, as_of_view, bad_query, limit_query, tag_query, tags_of
+from qforge.api.common import ERRORS, as_of_view, missing, bad_query, limit_query, tag_query, tags_of
 from qforge.api.deps import Conn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, TriggerRequest, WorkflowCreated, WorkflowList, WorkflowView
@@ -26,7 +26,7 @@ WorkflowStatus = Literal[tuple(sorted(statuses("workflow")))]  # type: ignore[va
 def _workflow(conn, workflow_id: UUID) -> dict:
     workflow = workflows_view.get_workflow(conn, workflow_id)
     if workflow is None:
-        raise ApiError(404, "not_found", f"workflow {workflow_id} not found")
+        raise missing(conn, "workflow", workflow_id)
     return workflow
 
 
@@ -69,7 +69,7 @@ def workflow_events(workflow_id: UUID, conn: Conn) -> dict:
     """The workflow's own events and its steps' job events, in log order."""
     events = store.read_workflow(conn, workflow_id)
     if not events:
-        raise ApiError(404, "not_found", f"workflow {workflow_id} not found")
+        raise missing(conn, "workflow", workflow_id)
     return {"events": [e.model_dump(mode="json") for e in events]}
 
 
@@ -79,7 +79,7 @@ def workflow_proof(workflow_id: UUID, conn: Conn) -> dict:
     check it alone with tools/verify_audit_proof.py against a head you kept (`qforge audit head`)."""
     found = audit_proof.proof_with_status(conn, "workflow", workflow_id)
     if found is None:
-        raise ApiError(404, "not_found", f"workflow {workflow_id} not found")
+        raise missing(conn, "workflow", workflow_id)
     return found
 
 

@@ -13,7 +13,9 @@ import argparse
 import importlib
 import sys
 from dataclasses import dataclass
-from datetime import datetime
+import re
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Callable, Sequence
 
 from qforge import __version__
@@ -75,6 +77,8 @@ def _replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--verify", action="store_true", help="diff the rebuild against the live tables; exit 1 on any difference"
     )
+    parser.add_argument("--archive", type=Path, default=None, metavar="DIR",
+                        help="the archive directory: needed once `qforge archive` has moved part of the log there")
     as_of = parser.add_mutually_exclusive_group()
     as_of.add_argument("--as-of", type=int, default=None, metavar="POSITION", help="rebuild up to this log position")
     as_of.add_argument(
@@ -86,6 +90,35 @@ def _audit_arguments(parser: argparse.ArgumentParser) -> None:
     from qforge.cli.audit import add_arguments  # its sub-actions live with their code
 
     add_arguments(parser)
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def duration(value: str) -> timedelta:
+    """'30d', '12h', '90m', '45s', '2w' (or a number of seconds)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", value)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {value!r} (for example 30d, 12h, 90m, 45s)")
+    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
+
+
+def _archive_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", nargs="?", choices=["verify"],
+                        help="verify: check an archive directory instead of archiving")
+    parser.add_argument("directory", nargs="?", type=Path, help="with verify: the archive directory")
+    parser.add_argument("--to", type=Path, default=None, metavar="DIR",
+                        help="where segments go (default QFORGE_ARCHIVE_DIR)")
+    parser.add_argument("--older-than", type=duration, default=None, metavar="DURATION",
+                        help="only partitions whose last event is older than this (30d, 12h, ...)")
+    parser.add_argument("--close-current", action="store_true",
+                        help="first close the partition being written, so everything up to now can go")
+
+
+def _history_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", help="a job's or a workflow's id")
+    parser.add_argument("--archive", type=Path, default=None, metavar="DIR",
+                        help="an archive directory to read the execution's archived events from")
 
 
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,6 +135,10 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("monitor", "recover stale jobs, fire timers and trigger timeouts", "monitor"),
     Subcommand("replay", "rebuild the projections from the event log", "replay", _replay_arguments),
     Subcommand("audit", "the tamper-evident log: checkpoint, head, verify, export", "audit", _audit_arguments),
+    Subcommand("archive", "write closed partitions of the log to archive segments, then drop them;"
+               " or verify an archive", "archive", _archive_arguments),
+    Subcommand("history", "print an execution's events, from the archive and the live log", "history",
+               _history_arguments),
     Subcommand("demo", "enqueue sample jobs and a DAG workflow against a running API", "demo",
                _demo_arguments),
 ]

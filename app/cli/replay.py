@@ -1,4 +1,4 @@
-"""`qforge replay [--verify] [--as-of POSITION | --as-of-time ISO]`: rebuild, verify or look back."""
+"""`qforge replay [--verify] [--archive DIR] [--as-of POSITION | --as-of-time ISO]`: rebuild, verify or look back."""
 
 from __future__ import annotations
 
@@ -35,19 +35,23 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         url = resolve_database_url(getattr(args, "database_url", None))
+        archive = getattr(args, "archive", None)
+        if archive is not None and not archive.is_dir():
+            print(f"qforge replay: {archive} is not a directory", file=sys.stderr)
+            return 2
         with connect(url, autocommit=True) as conn:
             if args.verify:
-                return _cli_verify(conn)
+                return _cli_verify(conn, archive)
             if as_of is not None or as_of_time is not None:
-                return _cli_as_of(conn, as_of, as_of_time, url)
-            return _cli_replay(conn, url)
+                return _cli_as_of(conn, as_of, as_of_time, url, archive)
+            return _cli_replay(conn, url, archive)
     except (EmbeddedPostgresError, psycopg.Error, ReplayError) as exc:
         print(f"qforge replay: {exc}", file=sys.stderr)
         return 2
 
 
-def _cli_verify(conn) -> int:
-    report = verify_report(conn, progress=ProgressPrinter("verify"))
+def _cli_verify(conn, archive) -> int:
+    report = verify_report(conn, progress=ProgressPrinter("verify"), archive=archive)
     for difference in report.differences:
         print(difference.describe())
     tables = sorted({d.table for d in report.differences})
@@ -61,10 +65,10 @@ def _cli_verify(conn) -> int:
     return 0
 
 
-def _cli_as_of(conn, as_of: int | None, as_of_time: datetime | None, url: str) -> int:
+def _cli_as_of(conn, as_of: int | None, as_of_time: datetime | None, url: str, archive) -> int:
     position = as_of if as_of is not None else position_at(conn, as_of_time)
     stats = rebuild(conn, SCRATCH_SCHEMA, position, progress=ProgressPrinter("replay"), url=url,
-                    parallel=FOLDERS)
+                    parallel=FOLDERS, archive=archive)
     moment = f" (time {as_of_time.isoformat()})" if as_of_time is not None else ""
     print(f"state as of position {position}{moment}: {stats.events:,} events folded in"
           f" {stats.seconds:.1f} s into schema {stats.schema}"
@@ -75,8 +79,9 @@ def _cli_as_of(conn, as_of: int | None, as_of_time: datetime | None, url: str) -
     return 0
 
 
-def _cli_replay(conn, url: str) -> int:
-    built, swapped = replay(conn, SCRATCH_SCHEMA, progress=ProgressPrinter("replay"), url=url, parallel=FOLDERS)
+def _cli_replay(conn, url: str, archive) -> int:
+    built, swapped = replay(conn, SCRATCH_SCHEMA, progress=ProgressPrinter("replay"), url=url, parallel=FOLDERS,
+                            archive=archive)
     print(f"rebuilt {built.events:,} events up to position {built.last_position} in"
           f" {built.seconds:.1f} s ({built.events_per_second:,.0f} events/s) into schema"
           f" {built.schema}")

@@ -22,7 +22,7 @@ SELECT set_config('search_path', %(path)s, true)
 -- or one share of the streams (parts NULL: all; a parallel replay splits the
 -- streams by a byte of their random id).
 INSERT INTO {feed}
-SELECT e.* FROM events e
+SELECT e.* FROM {source} e
  WHERE e.position >= %(lo)s AND e.position < %(hi)s
    AND (%(as_of)s::bigint IS NULL OR e.position <= %(as_of)s)
    AND (%(ids)s::uuid[] IS NULL OR e.stream_id = ANY(%(ids)s::uuid[]))
@@ -259,3 +259,27 @@ SELECT pg_export_snapshot() AS id
 
 -- name: replay_import_snapshot
 SET TRANSACTION SNAPSHOT {id}
+
+-- name: replay_archive_table
+-- The archive's events, loaded from its segments, for replay to fold before
+-- the live log: the log's columns, indexed by position as the log is.
+CREATE UNLOGGED TABLE {table} (LIKE {events})
+
+-- name: replay_archive_temp_table
+CREATE TEMP TABLE {table} (LIKE {events}) ON COMMIT DROP
+
+-- name: replay_archive_copy
+COPY {table} (position, xid, stream_type, stream_id, version, type, schema_version, data, tags,
+              workflow_id, occurred_at, actor, hash) FROM STDIN
+
+-- name: replay_archive_index
+CREATE INDEX ON {table} (position)
+
+-- name: replay_archive_extent
+SELECT coalesce(min(position), 1) AS first_position, coalesce(max(position), 0) AS last_position,
+       count(*) AS events
+  FROM {table}
+ WHERE %(as_of)s::bigint IS NULL OR position <= %(as_of)s
+
+-- name: replay_archive_exists
+SELECT to_regclass(%(table)s) IS NOT NULL AS present

@@ -33,6 +33,7 @@ DECLARE
 BEGIN
     SELECT partition_size, partitions_ahead INTO size, ahead FROM log_settings;
     SELECT coalesce(max(upper), 1) INTO top FROM log_partitions();
+    PERFORM set_config('qforge.log_maintenance', 'on', true);  -- see log_guard_ddl()
     WHILE top < next_position + ahead * size LOOP
         name := 'events_' || lpad(top::text, 19, '0');
         EXECUTE format('CREATE TABLE %I (LIKE events INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', name);
@@ -47,21 +48,125 @@ END $$;
 
 -- End the partition being written now: the next append takes the first
 -- position of the next partition (the positions in between are never used,
--- like those of a rolled-back append). Returns that position.
+-- like those of a rolled-back append). Returns that position. Partitions
+-- wholly beyond it hold nothing yet: those of another size than
+-- log_settings.partition_size are made again at that size, so a new size
+-- takes effect from here.
 CREATE OR REPLACE FUNCTION log_close_current() RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     next_position bigint;
+    current_lower bigint;
     boundary bigint;
+    size bigint := (SELECT partition_size FROM log_settings);
+    empty regclass;
 BEGIN
     -- Appends take positions while they insert, under ROW EXCLUSIVE: with them
     -- held off for this transaction, the sequence can only move by our hand.
     LOCK TABLE events IN SHARE MODE;
+    PERFORM set_config('qforge.log_maintenance', 'on', true);  -- see log_guard_ddl()
     next_position := log_next_position();
-    SELECT upper INTO boundary FROM log_partitions() WHERE next_position >= lower AND next_position < upper;
-    IF boundary IS NULL OR next_position = (SELECT lower FROM log_partitions() WHERE upper = boundary) THEN
-        RETURN next_position;  -- nothing written there yet: it is as good as closed
+    SELECT lower, upper INTO current_lower, boundary FROM log_partitions()
+     WHERE next_position >= lower AND next_position < upper;
+    IF boundary IS NOT NULL AND next_position > current_lower THEN
+        PERFORM setval('events_position_seq', boundary - 1, true);
+        next_position := boundary;
     END IF;
-    PERFORM setval('events_position_seq', boundary - 1, true);
+    FOR empty IN SELECT partition FROM log_partitions()
+                  WHERE lower >= next_position AND upper - lower <> size LOOP
+        EXECUTE format('DROP TABLE %s', empty);
+    END LOOP;
     PERFORM log_maintain();
-    RETURN boundary;
+    RETURN next_position;
 END $$;
+
+-- Where the archived part of the log ends: every position below it is in an
+-- archive segment (sealed or dropped), none above. 1: nothing archived.
+CREATE OR REPLACE FUNCTION log_archived_before() RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT coalesce(max(upper_position), 1) FROM archive_segments
+$$;
+
+-- Partitions are made (log_maintain) and let go (qforge archive) by QForge
+-- only: DROP of a partition of the log, or a partition detached, is refused
+-- otherwise. A guard against a slip of the hand; a superuser can still lift it
+-- (see `qforge audit verify` for what catches that).
+CREATE OR REPLACE FUNCTION log_guard_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$
+DECLARE
+    loose text;
+BEGIN
+    IF current_setting('qforge.archiving', true) = 'on'
+       OR current_setting('qforge.log_maintenance', true) = 'on'
+       OR to_regclass('events') IS NULL THEN
+        RETURN;
+    END IF;
+    IF TG_EVENT = 'sql_drop' THEN
+        SELECT o.object_identity INTO loose FROM pg_event_trigger_dropped_objects() o
+         WHERE o.object_type = 'table' AND o.object_name ~ '^events_[0-9]{19}$' LIMIT 1;
+    ELSE  -- ddl_command_end: a log partition no longer attached (detached)
+        SELECT c.oid::regclass::text INTO loose FROM pg_class c
+         WHERE c.relname ~ '^events_[0-9]{19}$' AND c.relkind = 'r'
+           AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'events'::regclass)
+           AND NOT EXISTS (SELECT FROM pg_inherits i WHERE i.inhrelid = c.oid)
+         LIMIT 1;
+    END IF;
+    IF loose IS NOT NULL THEN
+        RAISE EXCEPTION 'the log''s partition % is let go only by `qforge archive`, which writes it out first', loose
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END $$;
+
+-- Event triggers need a superuser; without one the guard is left out (said once).
+DO $$
+BEGIN
+    IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+        DROP EVENT TRIGGER IF EXISTS log_guard_drop;
+        DROP EVENT TRIGGER IF EXISTS log_guard_detach;
+        CREATE EVENT TRIGGER log_guard_drop ON sql_drop EXECUTE FUNCTION log_guard_ddl();
+        CREATE EVENT TRIGGER log_guard_detach ON ddl_command_end WHEN TAG IN ('ALTER TABLE')
+            EXECUTE FUNCTION log_guard_ddl();
+    ELSE
+        RAISE NOTICE 'not a superuser: the guard against dropping or detaching the log''s partitions by hand is not installed';
+    END IF;
+END $$;
+
+-- Is `id` (maybe) among the streams of an archive segment? Its Bloom filter
+-- (app/events/segments.py Bloom): k bits (h1 + i*h2) mod size, h1 and h2 the
+-- first two big-endian 32-bit words of sha256 of the id's bytes; get_bit counts
+-- bits from the least significant of each byte, as the writer sets them.
+CREATE OR REPLACE FUNCTION archive_bloom_has(streams bytea, hashes integer, id uuid)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT bool_and(get_bit(streams, ((h.h1 + i * h.h2) % (octet_length(streams)::bigint * 8))::integer) = 1)
+      FROM (SELECT ('x' || encode(substr(d, 1, 4), 'hex'))::bit(32)::bigint AS h1,
+                   ('x' || encode(substr(d, 5, 4), 'hex'))::bit(32)::bigint AS h2
+              FROM sha256(uuid_send(id)) AS d) h,
+           generate_series(0, hashes - 1) AS i
+$$;
+
+-- The read model lets go of what the archive holds whole: a finished job or
+-- workflow all of whose events lie below `before` (the archived prefix of the
+-- log). A workflow goes with its steps, and only when every step is finished
+-- and archived too; a step stays while its workflow stays (the DAG view and the
+-- workflow's advance read its steps). Anything still active stays, however
+-- old its first events. Table names are left unqualified on purpose: replay
+-- runs this on its scratch copies by putting them first on the search path.
+-- Returns the rows let go.
+CREATE OR REPLACE FUNCTION archive_release(before bigint, job_done text[], workflow_done text[])
+RETURNS TABLE (jobs_released bigint, workflows_released bigint) LANGUAGE sql AS $$
+    WITH leaving_workflows AS (
+        SELECT w.id FROM workflows w
+         WHERE w.status = ANY(workflow_done) AND w.last_position < before
+           AND NOT EXISTS (SELECT FROM jobs j
+                            WHERE j.workflow_id = w.id
+                              AND NOT (j.status = ANY(job_done) AND j.last_position < before))
+    ), gone_jobs AS (
+        DELETE FROM jobs j
+         WHERE j.status = ANY(job_done) AND j.last_position < before
+           AND (j.workflow_id IS NULL OR j.workflow_id IN (SELECT id FROM leaving_workflows))
+        RETURNING j.id
+    ), gone_workflows AS (
+        DELETE FROM workflows w USING leaving_workflows l WHERE w.id = l.id RETURNING w.id
+    ), gone_tags AS (  -- runs to completion though nothing reads it (as every DELETE in WITH)
+        DELETE FROM execution_tags t
+         WHERE t.id IN (SELECT id FROM gone_jobs UNION ALL SELECT id FROM gone_workflows)
+    )
+    SELECT (SELECT count(*) FROM gone_jobs), (SELECT count(*) FROM gone_workflows)
+$$;

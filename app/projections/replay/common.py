@@ -156,7 +156,7 @@ def feed_name(n: int) -> str:
 def fold_into(cur, schema: str | None, live: str, *, first: int, last: int, as_of: int | None = None,
               ids: list[UUID] | None = None, share: tuple[int, int] | None = None, total: int = 0,
               progress: Progress | None = None, chunk_positions: int = CHUNK_POSITIONS,
-              feed_table: str = FEED_TABLE) -> int:
+              feed_table: str = FEED_TABLE, source: sql.Composable | None = None, done: int = 0) -> int:
     """Fold the events at positions first..last (and up to as_of; only the streams in
     ids, or share = (part, parts) of the streams, when given) into the scratch tables of
     `schema` (None: this transaction's temporary ones). Returns the events folded. The
@@ -166,7 +166,8 @@ def fold_into(cur, schema: str | None, live: str, *, first: int, last: int, as_o
     feed = sql.Identifier(scratch, feed_table)
     cur.execute(q("replay_search_path"), {"path": f"{sql.Identifier(scratch).as_string(cur)}, "
                                                   f"{sql.Identifier(live).as_string(cur)}"})
-    load = template("replay_feed_load", feed=feed)
+    load = template("replay_feed_load", feed=feed,
+                    source=source if source is not None else sql.Identifier(live, "events"))
     clear = template("replay_feed_clear", feed=feed)
     part, parts = share if share is not None else (None, None)
     folded = 0
@@ -177,7 +178,7 @@ def fold_into(cur, schema: str | None, live: str, *, first: int, last: int, as_o
         cur.execute(load, {"lo": lo, "hi": hi, "as_of": as_of, "ids": ids, "part": part, "parts": parts})
         folded += cur.rowcount
         if progress is not None:
-            progress(folded, total)
+            progress(done + folded, total)
         lo = hi
     return folded
 

@@ -11,6 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
@@ -20,6 +21,7 @@ from qforge.projections.replay.common import (CHUNK_POSITIONS, META_TABLE, PROJE
                                               SCRATCH_SCHEMA, Progress, create_scratch_tables, feed_name,
                                               fold_into, live_schema, refuse_live_schema, require_idle,
                                               scratch_names, template)
+from qforge.projections.replay.archived import load_archive, release
 from qforge.sql import q
 
 
@@ -40,8 +42,12 @@ class RebuildStats:
 
 def rebuild(conn, schema: str = SCRATCH_SCHEMA, as_of_position: int | None = None, *,
             progress: Progress | None = None, chunk_positions: int = CHUNK_POSITIONS,
-            url: str | None = None, parallel: int = 1) -> RebuildStats:
+            url: str | None = None, parallel: int = 1, archive: Path | None = None) -> RebuildStats:
     """Fold the log (up to as_of_position) into fresh copies of the projections in `schema`.
+
+    `archive`: the archive directory, needed once segments have left the database
+    (their events are folded first; a whole rebuild then lets go of what the
+    archive holds whole, as `qforge archive` did).
 
     `parallel` > 1 (with the database `url`) folds with that many connections at
     once. `conn` must not be inside a transaction (a rebuild runs several).
@@ -58,6 +64,7 @@ def rebuild(conn, schema: str = SCRATCH_SCHEMA, as_of_position: int | None = Non
             refuse_live_schema(cur, schema)
             live = live_schema(cur)
             cur.execute(template("replay_scratch_reset", schema=sql.Identifier(schema)))
+            feed = load_archive(cur, archive, schema, live)
             create_scratch_tables(cur, schema, live, feeds=folders)
             cur.execute(template("replay_scratch_meta", meta=names[META_TABLE]))
         with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
@@ -69,12 +76,22 @@ def rebuild(conn, schema: str = SCRATCH_SCHEMA, as_of_position: int | None = Non
             snapshot = cur.fetchone()["snapshot"]
             cur.execute(q("replay_log_extent"), {"as_of": as_of_position}, prepare=False)
             extent = cur.fetchone()
+            first, total = extent["first_position"], extent["events"]
+            if feed is not None:
+                total += feed.events
+                first = max(first, feed.before)  # a partition archived but not dropped yet: once
             done = [0] * folders
-            report = _Progress(progress, done, extent["events"])
+            report = _Progress(progress, done, total)
 
             def fold(cursor, n: int) -> None:
-                fold_into(cursor, schema, live, first=extent["first_position"], last=extent["last_position"],
-                          as_of=as_of_position, share=(n, folders) if folders > 1 else None,
+                share = (n, folders) if folders > 1 else None
+                folded = 0
+                if feed is not None:
+                    folded = fold_into(cursor, schema, live, first=1, last=feed.before - 1, as_of=as_of_position,
+                                       share=share, chunk_positions=chunk_positions, feed_table=feed_name(n),
+                                       source=feed.table, progress=lambda count, _total: report(n, count))
+                fold_into(cursor, schema, live, first=first, last=extent["last_position"],
+                          as_of=as_of_position, share=share, done=folded,
                           chunk_positions=chunk_positions, feed_table=feed_name(n),
                           progress=lambda count, _total: report(n, count))
 
@@ -89,11 +106,13 @@ def rebuild(conn, schema: str = SCRATCH_SCHEMA, as_of_position: int | None = Non
             for helper in helpers:
                 if helper.error is not None:
                     raise helper.error
+            if feed is not None and as_of_position is None:
+                release(cur, feed.before)  # the state as of a past position keeps what was there then
             cur.execute(template("replay_scratch_meta_write", meta=names[META_TABLE]), {
                 "snapshot": snapshot, "as_of": as_of_position,
                 "last_position": extent["last_position"], "events": extent["events"],
             })
-        stats = RebuildStats(schema, as_of_position, extent["last_position"], extent["events"], folders=folders)
+        stats = RebuildStats(schema, as_of_position, extent["last_position"], total, folders=folders)
         with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             for projection in PROJECTIONS:
                 target = names[projection.table]

@@ -16,6 +16,7 @@ from qforge.projections.replay.common import (CANDIDATES_TABLE, META_TABLE, PROJ
                                               columns_of, fold_into, join_on, live_schema, require_idle,
                                               scratch_names, template)
 from qforge.projections.replay.rebuild import RebuildStats, rebuild
+from qforge.projections.replay.archived import archive_extent, archive_table
 from qforge.sql import q
 
 
@@ -82,10 +83,10 @@ def _swap(conn, schema: str, lock_timeout: float, give_up_after: float) -> SwapS
 
 
 def replay(conn, schema: str = SCRATCH_SCHEMA, *, progress: Progress | None = None,
-           url: str | None = None, parallel: int = 1) -> tuple[RebuildStats, SwapStats]:
-    """`qforge replay`: rebuild the whole log (with `parallel` connections to `url`), then swap
-    the rebuild in."""
-    built = rebuild(conn, schema, progress=progress, url=url, parallel=parallel)
+           url: str | None = None, parallel: int = 1, archive=None) -> tuple[RebuildStats, SwapStats]:
+    """`qforge replay`: rebuild the whole log (with `parallel` connections to `url`, and the
+    archive directory's segments when some have left the database), then swap the rebuild in."""
+    built = rebuild(conn, schema, progress=progress, url=url, parallel=parallel, archive=archive)
     return built, swap(conn, schema)
 
 
@@ -123,8 +124,13 @@ def _swap_once(conn, schema: str, names: dict[str, sql.Composable], snapshot: st
                 cur.execute(template("replay_forget", target=names[projection.table]), {"ids": changed})
             cur.execute(q("replay_log_extent"), {"as_of": None})
             extent = cur.fetchone()
-            fold_into(cur, schema, live, first=extent["first_position"], last=extent["last_position"],
-                      ids=changed)
+            archived = archive_table(cur, schema)
+            first = extent["first_position"]
+            if archived is not None:  # streams whose first events left with the archive
+                last_archived = archive_extent(cur, archived, None)["last_position"]
+                fold_into(cur, schema, live, first=1, last=last_archived, ids=changed, source=archived)
+                first = max(first, last_archived + 1)
+            fold_into(cur, schema, live, first=first, last=extent["last_position"], ids=changed)
             cur.execute(template("replay_candidates_add", candidates=candidates),
                         {"ids": changed})
         for projection in PROJECTIONS:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -19,6 +20,7 @@ from psycopg.rows import dict_row
 from qforge.projections.replay.common import (CHUNK_POSITIONS, PROJECTIONS, Progress, col, columns_of,
                                               create_scratch_tables, fold_into, join_on, live_schema,
                                               require_idle, show, status_note, template)
+from qforge.projections.replay.archived import load_archive, release
 from qforge.sql import q
 
 
@@ -62,14 +64,15 @@ class VerifyReport:
     seconds: float
 
 
-def verify(conn, *, progress: Progress | None = None,
-           chunk_positions: int = CHUNK_POSITIONS) -> list[Difference]:
-    """Every row on which the live projections and the fold of the log differ (empty: none)."""
-    return verify_report(conn, progress=progress, chunk_positions=chunk_positions).differences
+def verify(conn, *, progress: Progress | None = None, chunk_positions: int = CHUNK_POSITIONS,
+           archive: Path | None = None) -> list[Difference]:
+    """Every row on which the live projections and the fold of the log differ (empty: none).
+    `archive`: the archive directory, needed once segments have left the database."""
+    return verify_report(conn, progress=progress, chunk_positions=chunk_positions, archive=archive).differences
 
 
-def verify_report(conn, *, progress: Progress | None = None,
-                  chunk_positions: int = CHUNK_POSITIONS) -> VerifyReport:
+def verify_report(conn, *, progress: Progress | None = None, chunk_positions: int = CHUNK_POSITIONS,
+                  archive: Path | None = None) -> VerifyReport:
     """verify() with what was compared."""
     require_idle(conn)
     started = time.monotonic()
@@ -81,9 +84,18 @@ def verify_report(conn, *, progress: Progress | None = None,
         cur.execute(q("replay_log_extent"), {"as_of": None}, prepare=False)
         extent = cur.fetchone()
         statements = {p.table: _compare_statement(cur, live, p.table) for p in PROJECTIONS}
+        feed = load_archive(cur, archive, None, live)
         create_scratch_tables(cur, None, live)
-        fold_into(cur, None, live, first=extent["first_position"], last=extent["last_position"],
-                  total=extent["events"], progress=progress, chunk_positions=chunk_positions)
+        total, done, first = extent["events"], 0, extent["first_position"]
+        if feed is not None:
+            total += feed.events
+            done = fold_into(cur, None, live, first=1, last=feed.before - 1, total=total, progress=progress,
+                             chunk_positions=chunk_positions, source=feed.table)
+            first = max(first, feed.before)  # a partition archived but not dropped yet: once
+        fold_into(cur, None, live, first=first, last=extent["last_position"], total=total,
+                  progress=progress, chunk_positions=chunk_positions, done=done)
+        if feed is not None:
+            release(cur, feed.before)
         for projection in PROJECTIONS:
             cur.execute(statements[projection.table], prepare=False)
             differences.extend(_difference(projection.table, row) for row in cur.fetchall())
@@ -93,8 +105,7 @@ def verify_report(conn, *, progress: Progress | None = None,
         differences.extend(
             Difference("queue_counts", {"queue": row["queue"], "status": row["status"]}, "differs",
                        {"n": (row["counted"], row["actual"])}) for row in cur.fetchall())
-    return VerifyReport(differences, extent["last_position"], extent["events"],
-                        time.monotonic() - started)
+    return VerifyReport(differences, extent["last_position"], total, time.monotonic() - started)
 
 
 def _compare_statement(cur, live: str, table: str) -> sql.Composed:

@@ -1,0 +1,216 @@
+"""qforge archive: closed partitions of the log leave the database as archive segments, and nothing is lost.
+
+For each closed partition, oldest first (the archived part of the log is a
+prefix of its positions):
+
+1. write the segment file (app/events/segments.py): synced, renamed into place;
+2. read it back and check it against what the database counts (events, first
+   and last position, a digest of every position with its hash) and recompute
+   the hash of every event whose predecessor is known;
+3. write the manifest;
+4. in one transaction: record the segment (sealed) and let the read model go
+   of the finished executions the archive now holds whole (archive_release);
+5. detach the partition (CONCURRENTLY: appends go on), drop it, mark the
+   segment dropped.
+
+Every step is idempotent and the database says where a run stopped (the
+segment's row, the partition's detach state), so a run killed at any point is
+simply run again: a step redone writes what it wrote before.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from qforge.events import segments
+from qforge.events.states import JOB_FINISHED, WORKFLOW_FINISHED
+from qforge.sql import q
+
+PARTITION_NAME = re.compile(r"^events_[0-9]{19}$")
+# Rows fetched per round trip while writing a segment.
+FETCH_ROWS = 5_000
+# Fault injection for the tests of crashes: QFORGE_ARCHIVE_FAULT=<step> kills
+# this process with SIGKILL when the step is reached (see STEPS).
+FAULT_ENV = "QFORGE_ARCHIVE_FAULT"
+STEPS = ("written", "manifest", "recorded", "detached", "dropped")
+
+Report = Callable[[str], None]
+
+
+class ArchiveError(Exception):
+    """An archive that cannot go on safely (a segment that does not read back as written)."""
+
+
+@dataclass
+class Archived:
+    """What one run of qforge archive did."""
+
+    segments: list[dict[str, Any]] = field(default_factory=list)  # manifests written or finished
+    skipped: list[str] = field(default_factory=list)  # partitions left (too recent, still open)
+    jobs_released: int = 0
+    workflows_released: int = 0
+    seconds: float = 0.0
+
+    @property
+    def events(self) -> int:
+        return sum(m["events"] for m in self.segments)
+
+
+def _fault(step: str) -> None:
+    if os.environ.get(FAULT_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def archive(conn, directory: Path, *, older_than: timedelta | None = None, close_current: bool = False,
+            report: Report | None = None) -> Archived:
+    """Archive every closed partition (whose last event is older than `older_than`, when
+    given) into `directory`. `conn` must be in autocommit mode (detaching a partition
+    concurrently runs outside any transaction block)."""
+    if not conn.autocommit:
+        raise ValueError("archive needs an autocommit connection (DETACH CONCURRENTLY runs as its own transactions)")
+    say = report or (lambda _line: None)
+    started = time.monotonic()
+    done = Archived()
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q("archive_allow"))
+        if close_current:
+            cur.execute(q("archive_close_current"))
+            say(f"closed the current partition: new appends start at position {cur.fetchone()['boundary']}")
+        horizon = _settled_horizon(conn, cur)
+        # A run that stopped after recording a segment: finish letting its partition go.
+        cur.execute(q("archive_segments_recorded"))
+        for row in cur.fetchall():
+            if row["state"] == "sealed":
+                _check_on_disk(directory, row)
+                _let_go(cur, row["segment"], row["lower_position"], say)
+                done.segments.append(row["manifest"])
+        cur.execute(q("archive_partitions"), {"horizon": horizon})
+        partitions = cur.fetchall()
+        cutoff = datetime.now(timezone.utc) - older_than if older_than is not None else None
+        for part in partitions:
+            if not part["closed"]:
+                done.skipped.append(part["partition"])
+                break  # this one is being written; so are all after it
+            if cutoff is not None:
+                cur.execute(sql.SQL(q("archive_partition_last_occurred")).format(
+                    partition=_identifier(part["partition"])))
+                last = cur.fetchone()["last_occurred_at"]
+                if last is not None and last >= cutoff:
+                    done.skipped.append(part["partition"])
+                    break  # later partitions are younger still: the archive stays a prefix
+            manifest = _write_and_check(cur, directory, part, say)
+            _fault("manifest")
+            released = _record(conn, cur, manifest)
+            done.jobs_released += released["jobs_released"]
+            done.workflows_released += released["workflows_released"]
+            _fault("recorded")
+            _let_go(cur, manifest["segment"], part["lower"], say)
+            done.segments.append(manifest)
+    done.seconds = time.monotonic() - started
+    return done
+
+
+def _identifier(partition: str) -> sql.Identifier:
+    name = partition.split(".")[-1].strip('"')
+    if not PARTITION_NAME.match(name):
+        raise ArchiveError(f"{partition} is not a partition of the log")
+    return sql.Identifier(name)
+
+
+def _settled_horizon(conn, cur) -> int:
+    """The position below which every append has committed or rolled back: a partition
+    wholly below it gets no more events."""
+    with conn.transaction():
+        cur.execute(q("archive_settle_lock"))
+        cur.execute(q("archive_settled_position"))
+        return cur.fetchone()["horizon"]
+
+
+def _write_and_check(cur, directory: Path, part: dict[str, Any], say: Report) -> dict[str, Any]:
+    name = segments.segment_name(part["lower"], part["upper"])
+    partition = _identifier(part["partition"])
+    cur.execute(sql.SQL(q("archive_partition_digest")).format(partition=partition))
+    expected = cur.fetchone()
+    conn = cur.connection
+    with conn.transaction(), conn.cursor(f"qforge_archive_{part['lower']}", row_factory=dict_row) as rows:
+        rows.itersize = FETCH_ROWS
+        rows.execute(sql.SQL(q("archive_partition_events")).format(partition=partition))
+        written = segments.write_segment(directory, name, part["lower"], part["upper"], rows)
+    _fault("written")
+    _read_back(written, expected)
+    segments.write_manifest(directory, written.manifest)
+    say(f"{name}: {written.manifest['events']:,} events, {written.manifest['raw_bytes']:,} bytes"
+        f" -> {written.manifest['bytes']:,} compressed; verified")
+    return written.manifest
+
+
+def _read_back(written: segments.Written, expected: dict[str, Any]) -> None:
+    """The segment as read from disk holds exactly the partition's events: else stop,
+    before anything is let go."""
+    problems = segments.check_segment(written.path.parent, written.manifest)
+    found = segments.digest_of(written.path)
+    if (found.events, found.first_position, found.last_position, found.digest) != (
+            expected["events"], expected["first_position"], expected["last_position"], expected["digest"]):
+        problems.append(f"{written.manifest['segment']}: read back {found.events} events"
+                        f" {found.first_position}..{found.last_position}; the partition holds"
+                        f" {expected['events']} events {expected['first_position']}..{expected['last_position']}"
+                        f" (digest {found.digest[:12]} vs {expected['digest'][:12]})")
+    problems.extend(found.hash_problems)
+    if problems:
+        raise ArchiveError("; ".join(problems) + " — nothing was let go")
+
+
+def _record(conn, cur, manifest: dict[str, Any]) -> dict[str, int]:
+    bloom = segments.bloom_of(manifest)
+    with conn.transaction():
+        cur.execute(q("archive_record"), {
+            "segment": manifest["segment"], "lower": manifest["partition"]["lower"],
+            "upper": manifest["partition"]["upper"], "first_position": manifest["first_position"],
+            "last_position": manifest["last_position"], "events": manifest["events"],
+            "first_occurred_at": manifest["first_occurred_at"], "last_occurred_at": manifest["last_occurred_at"],
+            "sha256": manifest["sha256"], "bytes": manifest["bytes"], "raw_bytes": manifest["raw_bytes"],
+            "streams": bytes(bloom.bits), "bloom_hashes": bloom.hashes, "manifest": Jsonb(manifest),
+        })
+        cur.execute(q("archive_release"), {"before": manifest["partition"]["upper"],
+                                           "job_done": sorted(JOB_FINISHED),
+                                           "workflow_done": sorted(WORKFLOW_FINISHED)})
+        return cur.fetchone()
+
+
+def _check_on_disk(directory: Path, row: dict[str, Any]) -> None:
+    """A recorded segment's file must still be there, unchanged, before its partition goes."""
+    problems = segments.check_segment(directory, row["manifest"])
+    if problems:
+        raise ArchiveError("; ".join(problems) + f" — the partition of {row['segment']} is kept;"
+                           " restore the segment file into the archive directory and run again")
+
+
+def _let_go(cur, segment: str, lower: int, say: Report) -> None:
+    name = f"events_{lower:019d}"
+    cur.execute(q("archive_detached_table"), {"name": name})
+    found = cur.fetchone()
+    partition = sql.Identifier(name)
+    if found["name"] is not None:
+        if found["attached"]:
+            if found["pending"]:
+                cur.execute(sql.SQL(q("archive_detach_finalize")).format(partition=partition))
+            else:
+                cur.execute(sql.SQL(q("archive_detach")).format(partition=partition))
+            _fault("detached")
+        cur.execute(sql.SQL(q("archive_drop")).format(partition=partition))
+        _fault("dropped")
+    cur.execute(q("archive_mark_dropped"), {"segment": segment})
+    say(f"{segment}: partition {name} detached and dropped")

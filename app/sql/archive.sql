@@ -1,0 +1,106 @@
+-- qforge archive: partitions of the log written out as segments, verified,
+-- recorded, then detached and dropped (app/commands/archive.py).
+
+-- name: archive_close_current
+SELECT log_close_current() AS boundary
+
+-- name: archive_settle_lock
+-- Every transaction that appended holds ROW EXCLUSIVE on events until it ends
+-- (taken before its positions are: the parent is locked when the INSERT
+-- starts). SHARE waits for them all and holds new ones off for the moment it
+-- takes to read the sequence: every position handed out before is then
+-- committed or never will be.
+LOCK TABLE events IN SHARE MODE
+
+-- name: archive_settled_position
+SELECT log_next_position() AS horizon
+
+-- name: archive_partitions
+-- The log's partitions from the archived prefix on, oldest first, and whether
+-- every position in them is settled (below the horizon of archive_settle_lock).
+SELECT p.partition::text AS partition, p.lower, p.upper,
+       p.upper <= %(horizon)s AS closed
+  FROM log_partitions() p
+ WHERE p.lower >= log_archived_before()
+ ORDER BY p.lower
+
+-- name: archive_partition_last_occurred
+SELECT max(occurred_at) AS last_occurred_at FROM {partition}
+
+-- name: archive_partition_events
+-- A partition's events in position order, data and tags as the exact text the
+-- hash covers.
+SELECT position, xid::text AS xid, stream_type, stream_id, version, type, schema_version,
+       data::text AS data, tags::text AS tags, workflow_id, occurred_at, actor, hash
+  FROM {partition} ORDER BY position
+
+-- name: archive_partition_digest
+-- What the segment must hold, counted by the database: events, first and last
+-- position, and a digest of every position with its hash (the read-back check).
+SELECT count(*) AS events, min(position) AS first_position, max(position) AS last_position,
+       encode(sha256(coalesce(string_agg(int8send(position) || hash, ''::bytea ORDER BY position),
+                              ''::bytea)), 'hex') AS digest
+  FROM {partition}
+
+-- name: archive_segments_recorded
+SELECT segment, lower_position, upper_position, first_position, last_position, events, sha256,
+       state, manifest
+  FROM archive_segments ORDER BY lower_position
+
+-- name: archive_record
+-- The segment is on disk and verified: record it, sealed. Idempotent: a
+-- rerun after a crash between here and the drop finds it already recorded.
+INSERT INTO archive_segments (segment, lower_position, upper_position, first_position, last_position,
+                              events, first_occurred_at, last_occurred_at, sha256, bytes, raw_bytes,
+                              streams, bloom_hashes, manifest, state)
+VALUES (%(segment)s, %(lower)s, %(upper)s, %(first_position)s, %(last_position)s, %(events)s,
+        %(first_occurred_at)s, %(last_occurred_at)s, %(sha256)s, %(bytes)s, %(raw_bytes)s,
+        %(streams)s, %(bloom_hashes)s, %(manifest)s, 'sealed')
+ON CONFLICT (segment) DO NOTHING
+
+-- name: archive_release
+SELECT jobs_released, workflows_released
+  FROM archive_release(%(before)s, %(job_done)s::text[], %(workflow_done)s::text[])
+
+-- name: archive_allow
+-- This session may detach and drop partitions of the log (log_guard_ddl).
+SELECT set_config('qforge.archiving', 'on', false)
+
+-- name: archive_detach
+-- CONCURRENTLY: appends and reads of the other partitions go on meanwhile.
+-- It runs as two transactions; a crash between them leaves the partition
+-- "detach pending", which archive_detach_finalize completes.
+ALTER TABLE events DETACH PARTITION {partition} CONCURRENTLY
+
+-- name: archive_detach_finalize
+ALTER TABLE events DETACH PARTITION {partition} FINALIZE
+
+-- name: archive_detached_table
+-- The partition's table if it still exists, whether it is attached, and
+-- whether a detach was begun and not finished (a crash between DETACH
+-- CONCURRENTLY's two transactions).
+SELECT t.r::text AS name, i.inhrelid IS NOT NULL AS attached, coalesce(i.inhdetachpending, false) AS pending
+  FROM (SELECT to_regclass(%(name)s) AS r) t
+  LEFT JOIN pg_inherits i ON i.inhrelid = t.r
+
+-- name: archive_drop
+DROP TABLE {partition}
+
+-- name: archive_mark_dropped
+UPDATE archive_segments SET state = 'dropped', dropped_at = now()
+ WHERE segment = %(segment)s AND state = 'sealed'
+
+-- name: archive_holding
+-- The archive segments that may hold stream `id` (Bloom filters: rarely one
+-- that does not), oldest first.
+SELECT segment, first_position, last_position
+  FROM archive_segments
+ WHERE archive_bloom_has(streams, bloom_hashes, %(id)s)
+ ORDER BY lower_position
+
+-- name: archive_extent
+SELECT log_archived_before() AS before, count(*) AS segments FROM archive_segments
+
+-- name: archive_live_start
+-- Where the live log starts: its oldest partition still attached.
+SELECT min(lower) AS lower FROM log_partitions()
