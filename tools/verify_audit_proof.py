@@ -55,15 +55,18 @@ def event_canonical_v1(event: Mapping[str, Any]) -> bytes:
     database renders the jsonb (`data::text`, `tags::text`; tags None when the
     event has none): the hash covers that text exactly.
     """
-    occurred_at = event["occurred_at"]
-    if isinstance(occurred_at, str):
-        occurred_at = datetime.fromisoformat(occurred_at)
+    if "occurred_us" in event:  # an archive segment's line carries the exact integer too
+        occurred_us = event["occurred_us"]
+    else:
+        occurred_at = event["occurred_at"]
+        occurred_us = microseconds_since_2000(
+            datetime.fromisoformat(occurred_at) if isinstance(occurred_at, str) else occurred_at)
     workflow_id = event.get("workflow_id")
     tags_text = event.get("tags_text")
     return b"".join((
         EVENT_MAGIC,
         uuid.UUID(str(event["stream_id"])).bytes,
-        struct.pack(">ihq", event["version"], event["schema_version"], microseconds_since_2000(occurred_at)),
+        struct.pack(">ihq", event["version"], event["schema_version"], occurred_us),
         _text(event["stream_type"]), _text(event["type"]), _text(event["actor"]),
         b"\x00" if workflow_id is None else b"\x01" + uuid.UUID(str(workflow_id)).bytes,
         b"\xff\xff\xff\xff" if tags_text is None else _text(tags_text),

@@ -82,11 +82,10 @@ def _public_key(args: argparse.Namespace) -> str | None:
 
 def _verify(conn, args: argparse.Namespace) -> int:
     anchor = read_anchor(args.anchor.read_text(encoding="utf-8"), _public_key(args)) if args.anchor else None
-    archive = None
-    if args.archive is not None:
-        complain("audit", "--archive: this build has no archive segments to read yet")
+    if args.archive is not None and not args.archive.is_dir():
+        complain("audit", f"--archive: {args.archive} is not a directory")
         return 2
-    report = verify(conn, anchor=anchor, archive=archive)
+    report = verify(conn, anchor=anchor, archive=args.archive)
     for problem in report.problems:
         print(problem.describe())
     summary = (f"{report.events + report.archived_events:,} events"
@@ -94,6 +93,9 @@ def _verify(conn, args: argparse.Namespace) -> int:
                + f" and {report.checkpoints} checkpoint(s) checked in {report.seconds:.2f} s"
                f" ({report.events_per_second:,.0f} events/s)"
                + (f"; anchored at checkpoint {report.anchor_seq}" if report.anchor_seq is not None else ""))
+    if report.unchecked_below:
+        summary += (f"; events below position {report.unchecked_below} are archived and were not checked"
+                    " (add --archive DIR)")
     if report.problems:
         print(f"{len(report.problems)} problem(s); {summary}")
         return 1

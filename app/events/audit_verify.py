@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
 from uuid import UUID
 
 from psycopg.rows import dict_row
 
-from qforge.events import audit
+from qforge.events import audit, segments
 from qforge.sql import q
 from qforge.tools import verify_audit_proof as tool
 
@@ -50,6 +51,7 @@ class VerifyReport:
     checkpoints: int = 0
     newest_checkpoint: int | None = None
     anchor_seq: int | None = None
+    unchecked_below: int = 0  # archived positions below this were not checked (no --archive)
     seconds: float = 0.0
 
     @property
@@ -116,9 +118,10 @@ def _check_archive(events: Iterable[Mapping[str, Any]], problems: list[Problem])
     return leaves
 
 
-def _check_chains(cur, archived: _ArchivedLeaves, problems: list[Problem]) -> None:
+def _check_chains(cur, archived: _ArchivedLeaves, archive_unread: bool, problems: list[Problem]) -> None:
     ids = list(archived.heads)
     cur.execute(q("audit_chain_breaks"), {
+        "archive_unread": archive_unread,
         "archived_ids": ids, "archived_versions": [archived.heads[i][0] for i in ids],
         "archived_hashes": [archived.heads[i][1] for i in ids]})
     for row in cur.fetchall():
@@ -174,8 +177,10 @@ def _check_checkpoint_chain(conn, problems: list[Problem]) -> tuple[dict[int, by
     return hashes, firsts
 
 
-def _check_against_checkpoints(cur, archived: _ArchivedLeaves, problems: list[Problem]) -> None:
+def _check_against_checkpoints(cur, archived: _ArchivedLeaves, unchecked_below: int,
+                               problems: list[Problem]) -> None:
     cur.execute(q("audit_checkpoint_diff"), {
+        "unchecked_below": unchecked_below,
         "archived_positions": archived.positions, "archived_hashes": archived.hashes,
         "archived_ids": archived.stream_ids})
     for row in cur.fetchall():
@@ -203,21 +208,40 @@ def _check_anchor(anchor: Mapping[str, Any], hashes: dict[int, bytes], firsts: d
                                                         " checkpoints were rewritten"))
 
 
-def verify(conn, *, anchor: Mapping[str, Any] | None = None,
-           archive: Iterable[Mapping[str, Any]] | None = None) -> VerifyReport:
-    """Check the log (and the archive's events, in position order, if given); problems sorted by position."""
+def segment_events(directory: Path, problems: list[Problem]) -> Iterator[dict[str, Any]]:
+    """The events of an archive directory's segments, in position order, in the shape the checks
+    read (data and tags as the jsonb text the hash covers); what is wrong with a segment file
+    itself (its checksum, its manifest) goes to `problems`."""
+    for manifest in segments.manifests(Path(directory)):
+        lower = manifest.get("partition", {}).get("lower", 0)
+        broken = segments.check_segment(Path(directory), manifest)
+        problems.extend(Problem(lower, f"archive: {line}") for line in broken)
+        if broken:
+            continue
+        for line in segments.read_segment(Path(directory) / manifest["file"]):
+            yield {**line, "data_text": line["data"], "tags_text": line["tags"]}
+
+
+def verify(conn, *, anchor: Mapping[str, Any] | None = None, archive: Path | None = None) -> VerifyReport:
+    """Check the log, and the segments of the archive directory `archive` if given; problems sorted
+    by position. Without the archive, archived events are left unchecked (`report.unchecked_below`)."""
     started = time.perf_counter()
     report = VerifyReport()
     problems: list[Problem] = []
-    archived = _check_archive(archive or (), problems)
-    report.archived_events = len(archived.positions)
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         with conn.cursor(row_factory=dict_row) as cur:
+            extent = cur.execute(q("audit_archive_extent")).fetchone()
+            # Segments still attached are read from the live log, not twice.
+            events = (e for e in segment_events(archive, problems) if e["position"] < extent["live_lower"]) \
+                if archive is not None else ()
+            archived = _check_archive(events, problems)
+            report.archived_events = len(archived.positions)
+            report.unchecked_below = 0 if archive is not None else extent["archived_upper"]
             report.events = cur.execute(q("audit_events_count")).fetchone()["n"]
-            _check_chains(cur, archived, problems)
+            _check_chains(cur, archived, archive is None and extent["archived_upper"] > 0, problems)
             hashes, firsts = _check_checkpoint_chain(conn, problems)
-            _check_against_checkpoints(cur, archived, problems)
+            _check_against_checkpoints(cur, archived, report.unchecked_below, problems)
     if anchor is not None:
         report.anchor_seq = int(anchor["seq"])
         _check_anchor(anchor, hashes, firsts, problems)

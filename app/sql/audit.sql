@@ -69,11 +69,15 @@ WITH archived AS (
                          %(archived_hashes)s::bytea[]) AS a(stream_id, version, hash)
 ), checked AS (
     SELECT e.position, e.stream_id, e.version, e.hash,
-           coalesce(lag(e.version) OVER w, a.version, 0) AS prev_version,
-           e.hash = sha256(coalesce(lag(e.hash) OVER w, a.hash, ''::bytea)
-                           || event_canonical_v1(e.stream_type, e.stream_id, e.version, e.type,
-                                                 e.schema_version, e.data, e.tags, e.workflow_id,
-                                                 e.occurred_at, e.actor)) AS hash_holds,
+           -- Without the archive at hand, where a stream goes on from archived events
+           -- cannot be checked here (the checkpoints still cover every live event).
+           coalesce(lag(e.version) OVER w, a.version,
+                    CASE WHEN %(archive_unread)s THEN e.version - 1 ELSE 0 END) AS prev_version,
+           (lag(e.hash) OVER w IS NULL AND a.hash IS NULL AND e.version > 1 AND %(archive_unread)s)
+           OR e.hash = sha256(coalesce(lag(e.hash) OVER w, a.hash, ''::bytea)
+                              || event_canonical_v1(e.stream_type, e.stream_id, e.version, e.type,
+                                                    e.schema_version, e.data, e.tags, e.workflow_id,
+                                                    e.occurred_at, e.actor)) AS hash_holds,
            lead(e.version) OVER w IS NULL AS last_of_stream, e.stream_type
       FROM events e
       LEFT JOIN archived a ON a.stream_id = e.stream_id
@@ -118,7 +122,15 @@ SELECT coalesce(s.position, p.position) AS position, s.seq, p.stream_id, s.hash 
   FROM stored s
   FULL JOIN present p ON p.position = s.position
  WHERE s.hash IS DISTINCT FROM p.hash
+   -- Archived (recorded in archive_segments) and the archive not read: not checked here.
+   AND NOT (p.hash IS NULL AND s.position < %(unchecked_below)s)
  ORDER BY 1
+
+-- name: audit_archive_extent
+-- Below `archived_upper` events may have left for archive segments; from
+-- `live_lower` on they are in the log's attached partitions.
+SELECT (SELECT coalesce(max(upper_position), 0) FROM archive_segments) AS archived_upper,
+       (SELECT coalesce(min(lower), 1) FROM log_partitions()) AS live_lower
 
 -- name: audit_proof_events
 -- An execution's events as stored (the jsonb as the hash covers its text), with
