@@ -12,6 +12,7 @@ from qforge.commands.archive import archive
 from qforge.events import audit
 from test_archive import run_all, workload
 from test_audit import run_cli, tamper
+from test_audit_proof import check_alone
 
 
 def archived_log(conn, scratch_dir):
@@ -77,3 +78,25 @@ def test_verify_without_the_archive_still_checks_every_live_event(conn, db_url, 
     tamper(conn, "DELETE FROM events WHERE position = %s", (target,))
     code, out = run_cli(capsys, db_url, "verify")
     assert code == 1 and f"position={target}" in out, out
+
+
+def test_a_proof_of_a_stream_that_goes_on_from_the_archive_holds_alone(conn, db_url, capsys, scratch_dir,
+                                                                         tmp_path):
+    work, directory, _ = archived_log(conn, scratch_dir)
+    wf.trigger(conn, work.waiting_workflow, "approve", {"ok": True}, actor="test")
+    run_all(conn)
+    audit.checkpoint(conn)
+    head = tmp_path / "head.jsonl"
+    head.write_text(run_cli(capsys, db_url, "head")[1])
+    without = tmp_path / "without.json"
+    without.write_text(run_cli(capsys, db_url, "export", str(work.waiting_workflow))[1])
+    assert check_alone(without, head)[0] == 1  # starts where the live log does
+    code, out = run_cli(capsys, db_url, "export", str(work.waiting_workflow), "--archive", str(directory))
+    assert code == 0, out
+    proof = tmp_path / "proof.json"
+    proof.write_text(out)
+    body = json.loads(out)
+    own = [e for e in body["events"] if e["stream_id"] == str(work.waiting_workflow)]
+    assert [e["version"] for e in own] == list(range(1, len(own) + 1))
+    code, out = check_alone(proof, head)
+    assert code == 0, out

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Annotated, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
-from qforge.api.common import ERRORS, as_of_view, missing, bad_query, limit_query, tag_query, tags_of
+from qforge.api.common import ERRORS, archive_dir, as_of_view, missing, bad_query, limit_query, tag_query, tags_of
 from qforge.api.deps import Conn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, JobList, JobView
@@ -78,10 +78,10 @@ def job_events(job_id: UUID, conn: Conn) -> dict:
 
 
 @router.get("/jobs/{job_id}/proof", response_model=None, responses=ERRORS)
-def job_proof(job_id: UUID, conn: Conn) -> dict:
+def job_proof(job_id: UUID, conn: Conn, request: Request) -> dict:
     """The job's events with their hashes and Merkle paths, and the checkpoints up to the newest:
     check it alone with tools/verify_audit_proof.py against a head you kept (`qforge audit head`)."""
-    found = audit_proof.proof_with_status(conn, "job", job_id)
+    found = audit_proof.proof_with_status(conn, "job", job_id, archive=archive_dir(request))
     if found is None:
         raise missing(conn, "job", job_id)
     return found

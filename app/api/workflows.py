@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Annotated, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 
-from qforge.api.common import ERRORS, as_of_view, missing, bad_query, limit_query, tag_query, tags_of
+from qforge.api.common import ERRORS, archive_dir, as_of_view, missing, bad_query, limit_query, tag_query, tags_of
 from qforge.api.deps import Conn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, TriggerRequest, WorkflowCreated, WorkflowList, WorkflowView
@@ -74,10 +74,10 @@ def workflow_events(workflow_id: UUID, conn: Conn) -> dict:
 
 
 @router.get("/workflows/{workflow_id}/proof", response_model=None, responses=ERRORS)
-def workflow_proof(workflow_id: UUID, conn: Conn) -> dict:
+def workflow_proof(workflow_id: UUID, conn: Conn, request: Request) -> dict:
     """The workflow's events with their hashes and Merkle paths, and the checkpoints up to the newest:
     check it alone with tools/verify_audit_proof.py against a head you kept (`qforge audit head`)."""
-    found = audit_proof.proof_with_status(conn, "workflow", workflow_id)
+    found = audit_proof.proof_with_status(conn, "workflow", workflow_id, archive=archive_dir(request))
     if found is None:
         raise missing(conn, "workflow", workflow_id)
     return found

@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     export = action("export", "print the proof of a job or workflow (its events, their hashes,"
                               " the checkpoints covering them) as JSON")
     export.add_argument("id", type=UUID, metavar="ID", help="a job or workflow id")
+    export.add_argument("--archive", type=Path, default=None, metavar="DIR",
+                        help="archive segments holding the first events of its streams (default QFORGE_ARCHIVE_DIR)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,9 +105,14 @@ def _verify(conn, args: argparse.Namespace) -> int:
     return 0
 
 
+def _archive_dir(args: argparse.Namespace) -> Path | None:
+    directory = args.archive or get_settings().archive_dir
+    return Path(directory) if directory else None
+
+
 def _export(conn, args: argparse.Namespace) -> int:
     for kind in ("job", "workflow"):
-        found = audit_proof.proof(conn, kind, args.id)
+        found = audit_proof.proof(conn, kind, args.id, archive=_archive_dir(args))
         if found is not None:
             json.dump(found, sys.stdout, indent=1)
             print()

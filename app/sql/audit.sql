@@ -148,3 +148,12 @@ SELECT e.position, e.xid::text::bigint AS xid, e.stream_type, e.stream_id, e.ver
 
 -- name: audit_checkpoint_leaves
 SELECT seq, positions, hashes FROM audit_checkpoints WHERE seq = ANY(%(seqs)s)
+
+-- name: audit_covering
+-- The checkpoint that covers each (xid, position) given (archived events: the
+-- checkpoints stay in the database when their events leave for the archive).
+SELECT p.position,
+       (SELECT c.seq FROM audit_checkpoints c
+         WHERE (c.cursor_xid, c.cursor_position) >= (p.xid::text::xid8, p.position)
+         ORDER BY c.cursor_xid, c.cursor_position LIMIT 1) AS checkpoint
+  FROM unnest(%(xids)s::bigint[], %(positions)s::bigint[]) AS p(xid, position)
