@@ -308,3 +308,17 @@ def test_verify_refuses_an_anchor_whose_signature_does_not_hold(conn, db_url, ca
     assert code == 2 and "signature" in out
     anchor.write_text(json.dumps(signed))
     assert run_cli(capsys, db_url, "verify", "--anchor", str(anchor))[0] == 0
+
+
+def test_verify_names_checkpoints_rewritten_or_removed(conn, db_url, capsys):
+    for _ in range(3):
+        make_job(conn)
+        audit.checkpoint(conn)
+    positions = {row["seq"]: row["positions"] for row in conn.execute("SELECT seq, positions FROM audit_checkpoints")}
+    tamper(conn, "UPDATE audit_checkpoints SET events = 2 WHERE seq = 1")
+    tamper(conn, "DELETE FROM audit_checkpoints WHERE seq = 2")
+    code, out = run_cli(capsys, db_url, "verify")
+    assert code == 1, out
+    assert f"position={positions[1][0]}: checkpoint 1: its leaves do not match its event count" in out, out
+    assert f"position={positions[3][0]}: checkpoints 2-2 are missing" in out, out
+    assert f"position={positions[2][0]}" in out  # its event is no longer covered by any checkpoint
