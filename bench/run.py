@@ -41,6 +41,7 @@ from report import goals, markdown_table  # noqa: E402
 PEER_PACKAGES = ["pgqueuer", "asyncpg", "procrastinate", "psycopg[binary]"]
 SYSTEMS = ("qforge", "pgqueuer", "procrastinate")
 PARTS = ("drain", "latency", "claim", "sse", "replay")
+EXTRA_PARTS = ("scale",)  # long (a 50M-event history): only when asked for
 
 
 def build_systems(args: argparse.Namespace, peers_python: str, bench: Bench) -> dict[str, System]:
@@ -210,10 +211,10 @@ def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
             if api.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"qforge api did not start; see {bench.log_dir / 'sse-api.log'}")
             time.sleep(0.2)
-        for rep in range(args.repeat):
+        def one_run(subscribers: int) -> dict[str, Any]:
             subscriber = subprocess.Popen(
                 [sys.executable, str(BENCH_DIR / "qf_sse.py"), "subscribe", "--port", str(port),
-                 "--subscribers", str(args.sse_subscribers)],
+                 "--subscribers", str(subscribers)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
             try:
                 if subscriber.stdout.readline().strip() != "READY":
@@ -227,15 +228,26 @@ def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
                 if subscriber.poll() is None:
                     subscriber.kill()
                     subscriber.wait()
-            result = {**parse_result(out), "appended_events_per_s": appended["events_per_s"]}
+            return {**parse_result(out), "appended_events_per_s": appended["events_per_s"]}
+
+        for rep in range(args.repeat):
+            # One subscriber, then many, at the same rate: the goal is their ratio in each repetition.
+            single = one_run(1)
+            result = one_run(args.sse_subscribers)
+            result["single_p99_ms"] = single["p99_ms"]
+            result["ratio_p99"] = result["p99_ms"] / max(single["p99_ms"], 0.001)
             reps.append(result)
-            log(f"sse rep {rep + 1}: {result['subscribers']} subscribers, {appended['events_per_s']:.0f} events/s, "
-                f"p99 lag {result['p99_ms']:.0f} ms, complete={result['complete']}")
+            log(f"sse rep {rep + 1}: {result['subscribers']} subscribers, {result['appended_events_per_s']:.0f}"
+                f" events/s, p99 lag {result['p99_ms']:.0f} ms (1 subscriber: {single['p99_ms']:.0f} ms,"
+                f" ratio {result['ratio_p99']:.2f}), complete={result['complete']}")
     finally:
         bench.stop_workers([api])
         api_log.close()
         bench.drop_database(bench.name("sse"))
     return {"p50_ms": summarize([r["p50_ms"] for r in reps]), "p99_ms": summarize([r["p99_ms"] for r in reps]),
+            "single_p99_ms": summarize([r["single_p99_ms"] for r in reps]),
+            "ratio_p99": summarize([r["ratio_p99"] for r in reps]),
+            "worst_ratio_p99": max(r["ratio_p99"] for r in reps),
             "subscribers": args.sse_subscribers, "rate": args.sse_rate, "seconds": args.sse_seconds, "raw": reps}
 
 
@@ -263,14 +275,11 @@ def run_replay(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
 
 
 # "  rebuild run 2: 3.41 s (293,512 events/s), server CPU ..." (bench/replay_bench.py's own lines)
-REPLAY_RUN_LINE = re.compile(r"rebuild run \d+: [\d.]+ s \(([\d,]+) events/s\)")
+REPLAY_RUN_LINE = re.compile(r"^  rebuild run \d+: [\d.]+ s \(([\d,]+) events/s\)", re.MULTILINE)
 
 
 def read_replay_output(stdout: str) -> dict[str, Any]:
-    """Its per-run rebuild lines; else a JSON object carrying events_per_s."""
-    runs = [float(m.group(1).replace(",", "")) for m in REPLAY_RUN_LINE.finditer(stdout)]
-    if runs:
-        return {"events_per_s": summarize(runs), "output": stdout[-3000:]}
+    """Its RESULT JSON (events_per_s, and the ratio to 0.1.0 in the same run); else its rebuild lines."""
     for line in reversed(stdout.splitlines()):
         text = line[len("RESULT "):] if line.startswith("RESULT ") else line
         if not text.strip().startswith("{"):
@@ -279,11 +288,17 @@ def read_replay_output(stdout: str) -> dict[str, Any]:
             found = json.loads(text)
         except ValueError:
             continue
+        runs = found.get("runs")
         value = found.get("events_per_s")
+        if runs:
+            return {"events_per_s": summarize(runs), "raw": found}
         if isinstance(value, dict) and "median" in value:
             return {"events_per_s": value, "raw": found}
         if isinstance(value, (int, float)):
             return {"events_per_s": summarize([value]), "raw": found}
+    runs = [float(m.group(1).replace(",", "")) for m in REPLAY_RUN_LINE.finditer(stdout)]
+    if runs:
+        return {"events_per_s": summarize(runs), "output": stdout[-3000:]}
     return {"skipped": "no rebuild figure in bench/replay_bench.py output", "output": stdout[-3000:]}
 
 
@@ -298,7 +313,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="small sizes (10k jobs, 300 latency jobs, 500k history, 3 s of SSE)")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="subset of qforge,pgqueuer,procrastinate")
-    parser.add_argument("--parts", default=",".join(PARTS), help="subset of " + ",".join(PARTS))
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help="subset of " + ",".join(PARTS + EXTRA_PARTS) + " (default: all but scale)")
     parser.add_argument("--jobs", type=int, default=100_000, help="drain size")
     parser.add_argument("--procrastinate-jobs", type=int, default=10_000,
                         help="drain size for Procrastinate: it drains 150-1,000 jobs/s here, so 100,000 would "
@@ -320,6 +336,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sse-subscribers", type=int, default=100)
     parser.add_argument("--sse-rate", type=int, default=1000, help="events appended per second")
     parser.add_argument("--sse-seconds", type=float, default=10.0)
+    parser.add_argument("--scale-events", type=int, default=50_000_000,
+                        help="events in the scale part's large history (bench/qf_scale.py)")
     parser.add_argument("--out", default=str(BENCH_DIR / "results"), help="folder for the JSON and the logs")
     args = parser.parse_args(argv)
     if not args.database_url:
@@ -377,6 +395,11 @@ def main(argv: list[str] | None = None) -> int:
             results["sse"] = run_sse(bench, args)
         if "qforge" in wanted and "replay" in parts:
             results["replay"] = run_replay(bench, args)
+        if "qforge" in wanted and "scale" in parts:
+            import qf_scale
+
+            results["scale"] = qf_scale.run_scale(args.database_url, events=args.scale_events, repeat=args.repeat,
+                                                  claim_jobs=args.claim_jobs, log_dir=bench.log_dir, log=log)
     finally:
         bench.drop_all(keep={KEPT_HISTORY})
     results["machine"]["load_after"] = os.getloadavg()

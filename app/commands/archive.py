@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from psycopg import sql
 from psycopg.rows import dict_row
@@ -38,8 +38,6 @@ from qforge.events.states import JOB_FINISHED, WORKFLOW_FINISHED
 from qforge.sql import q
 
 PARTITION_NAME = re.compile(r"^events_[0-9]{19}$")
-# Rows fetched per round trip while writing a segment.
-FETCH_ROWS = 5_000
 # Fault injection for the tests of crashes: QFORGE_ARCHIVE_FAULT=<step> kills
 # this process with SIGKILL when the step is reached (see STEPS).
 FAULT_ENV = "QFORGE_ARCHIVE_FAULT"
@@ -142,33 +140,53 @@ def _settled_horizon(conn, cur) -> int:
 def _write_and_check(cur, directory: Path, part: dict[str, Any], say: Report) -> dict[str, Any]:
     name = segments.segment_name(part["lower"], part["upper"])
     partition = _identifier(part["partition"])
-    cur.execute(sql.SQL(q("archive_partition_digest")).format(partition=partition))
-    expected = cur.fetchone()
-    conn = cur.connection
-    with conn.transaction(), conn.cursor(f"qforge_archive_{part['lower']}", row_factory=dict_row) as rows:
-        rows.itersize = FETCH_ROWS
-        rows.execute(sql.SQL(q("archive_partition_events")).format(partition=partition))
-        written = segments.write_segment(directory, name, part["lower"], part["upper"], rows)
+    cur.execute(sql.SQL(q("archive_partition_summary")).format(partition=partition))
+    summary = cur.fetchone()
+    summary = {**summary, "first_occurred_at": _iso(summary["first_occurred_at"]),
+               "last_occurred_at": _iso(summary["last_occurred_at"])}
+    with cur.copy(sql.SQL(q("archive_partition_lines")).format(partition=partition)) as copy:
+        written, wrote = segments.write_segment(directory, name, part["lower"], part["upper"], _lines(copy),
+                                                summary)
     _fault("written")
-    _read_back(written, expected)
+    _read_back(written, wrote, summary)
     segments.write_manifest(directory, written.manifest)
     say(f"{name}: {written.manifest['events']:,} events, {written.manifest['raw_bytes']:,} bytes"
         f" -> {written.manifest['bytes']:,} compressed; verified")
     return written.manifest
 
 
-def _read_back(written: segments.Written, expected: dict[str, Any]) -> None:
-    """The segment as read from disk holds exactly the partition's events: else stop,
-    before anything is let go."""
-    problems = segments.check_segment(written.path.parent, written.manifest)
-    found = segments.digest_of(written.path)
+def _iso(moment) -> str | None:
+    return None if moment is None else moment.astimezone(timezone.utc).isoformat()
+
+
+def _lines(copy) -> Iterator[bytes]:
+    """The lines of a COPY ... TO STDOUT of one text column of JSON (see archive_partition_lines)."""
+    rest = b""
+    for block in copy:
+        rest += bytes(block)
+        *whole, rest = rest.split(b"\n")
+        for line in whole:
+            yield line.replace(b"\\\\", b"\\")
+    if rest:
+        yield rest.replace(b"\\\\", b"\\")
+
+
+def _read_back(written: segments.Written, wrote: segments.Digest, summary: dict[str, Any]) -> None:
+    """The segment as read from disk holds exactly what the database gave, and as many
+    events as the partition holds: else stop, before anything is let go."""
+    found = segments.digest_of(written.path, full=False)
+    problems = list(found.hash_problems)
     if (found.events, found.first_position, found.last_position, found.digest) != (
-            expected["events"], expected["first_position"], expected["last_position"], expected["digest"]):
+            wrote.events, wrote.first_position, wrote.last_position, wrote.digest):
         problems.append(f"{written.manifest['segment']}: read back {found.events} events"
-                        f" {found.first_position}..{found.last_position}; the partition holds"
-                        f" {expected['events']} events {expected['first_position']}..{expected['last_position']}"
-                        f" (digest {found.digest[:12]} vs {expected['digest'][:12]})")
-    problems.extend(found.hash_problems)
+                        f" {found.first_position}..{found.last_position}, not what was written"
+                        f" ({wrote.events} events {wrote.first_position}..{wrote.last_position})")
+    if (wrote.events, wrote.first_position, wrote.last_position) != (
+            summary["events"], summary["first_position"], summary["last_position"]):
+        problems.append(f"{written.manifest['segment']}: {wrote.events} events written, the partition holds"
+                        f" {summary['events']} ({summary['first_position']}..{summary['last_position']})")
+    if file_problems := segments.check_segment(written.path.parent, written.manifest, read=False):
+        problems.extend(file_problems)
     if problems:
         raise ArchiveError("; ".join(problems) + " — nothing was let go")
 

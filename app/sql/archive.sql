@@ -27,19 +27,31 @@ SELECT p.partition::text AS partition, p.lower, p.upper,
 -- name: archive_partition_last_occurred
 SELECT max(occurred_at) AS last_occurred_at FROM {partition}
 
--- name: archive_partition_events
--- A partition's events in position order, data and tags as the exact text the
--- hash covers.
-SELECT position, xid::text AS xid, stream_type, stream_id, version, type, schema_version,
-       data::text AS data, tags::text AS tags, workflow_id, occurred_at, actor, hash
-  FROM {partition} ORDER BY position
+-- name: archive_partition_lines
+-- A partition's events in position order, each as the JSON line of its
+-- segment (app/events/segments.py), built here rather than in Python: data and
+-- tags as the exact jsonb text the hash covers, occurred_us as the canonical
+-- encoding holds it (microseconds since 2000-01-01 UTC). The field order is
+-- the format's (LINE_HEAD and LINE_TAIL match it). In COPY's text format the
+-- only escaping these lines get is a doubled backslash (JSON text holds no
+-- raw tab, newline or other control character).
+COPY (SELECT json_build_object(
+                 'position', position, 'xid', xid::text, 'stream_type', stream_type, 'stream_id', stream_id,
+                 'version', version, 'type', type, 'schema_version', schema_version,
+                 'occurred_at', to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+                 'occurred_us', ((extract(epoch FROM occurred_at) - 946684800) * 1000000)::bigint,
+                 'actor', actor, 'workflow_id', workflow_id, 'tags', tags::text, 'data', data::text,
+                 'hash', encode(hash, 'hex'))
+        FROM {partition} ORDER BY position) TO STDOUT
 
--- name: archive_partition_digest
--- What the segment must hold, counted by the database: events, first and last
--- position, and a digest of every position with its hash (the read-back check).
+-- name: archive_partition_summary
+-- What the manifest says of a partition besides its lines: counts, time range,
+-- schema versions per event type.
 SELECT count(*) AS events, min(position) AS first_position, max(position) AS last_position,
-       encode(sha256(coalesce(string_agg(int8send(position) || hash, ''::bytea ORDER BY position),
-                              ''::bytea)), 'hex') AS digest
+       min(occurred_at) AS first_occurred_at, max(occurred_at) AS last_occurred_at,
+       coalesce((SELECT jsonb_object_agg(type, versions) FROM (
+                    SELECT type, jsonb_agg(DISTINCT schema_version ORDER BY schema_version) AS versions
+                      FROM {partition} GROUP BY type) v), '{{}}') AS schema_versions
   FROM {partition}
 
 -- name: archive_segments_recorded

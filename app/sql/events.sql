@@ -63,15 +63,15 @@ SELECT e.position, e.xid, e.stream_type, e.stream_id, e.version, e.type,
 SELECT e.position, e.xid, e.stream_type, e.stream_id, e.version, e.type,
        event_upcast_version(e.type, e.schema_version) AS schema_version,
        event_read_data(e.type, e.schema_version, e.data, e.actor, e.occurred_at) AS data,
-       coalesce(e.tags, j.tags, w.tags, '{}') AS tags, e.workflow_id, e.occurred_at, e.actor
-  FROM (SELECT * FROM events e
-         WHERE e.xid >= %(after_xid)s::xid8
-           AND (e.xid, e.position) > (%(after_xid)s::xid8, %(after_position)s::bigint)
-           AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
-         ORDER BY e.xid, e.position
-         LIMIT %(limit)s) e
-  LEFT JOIN jobs j ON e.stream_type = 'job' AND j.id = e.stream_id
-  LEFT JOIN workflows w ON e.stream_type = 'workflow' AND w.id = e.stream_id
+       -- Tags are stored on a stream's first event; later ones take them from
+       -- the stream's row, looked up by key only for them (a join would have
+       -- the planner hash a whole projection for a page of 500).
+       coalesce(e.tags,
+                CASE e.stream_type WHEN 'job' THEN (SELECT j.tags FROM jobs j WHERE j.id = e.stream_id)
+                                   WHEN 'workflow' THEN (SELECT w.tags FROM workflows w WHERE w.id = e.stream_id)
+                END, '{}') AS tags,
+       e.workflow_id, e.occurred_at, e.actor
+  FROM events_after_page(%(after_xid)s::xid8, %(after_position)s::bigint, %(limit)s) e
  ORDER BY e.xid, e.position
 
 -- name: events_tail_cursor
