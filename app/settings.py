@@ -31,6 +31,12 @@ class Settings(BaseSettings):
     # Python logging level of the long-running processes (worker, monitor).
     log_level: str = "INFO"
 
+    # The monitor's leader records an audit checkpoint this often (0: never;
+    # `qforge audit checkpoint` still does). Signing key of `qforge audit head`:
+    # 64 hex digits (an Ed25519 seed) or the path of a PEM private key.
+    audit_checkpoint_seconds: float = Field(default=10, ge=0)
+    audit_signing_key: str | None = None
+
     # One admin token named `api-token` (besides those of `qforge token create`).
     api_token: str | None = None
     # Where `qforge archive` writes segments when --to is not given.

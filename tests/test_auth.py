@@ -25,6 +25,7 @@ NO_ID = str(uuid.UUID(int=1))
 # not here fails test_the_table_lists_every_route: decide its scope, add it.
 ROUTES: list[tuple[str, str, str]] = [
     ("GET", "/jobs", "read"), ("GET", f"/jobs/{NO_ID}", "read"), ("GET", f"/jobs/{NO_ID}/events", "read"),
+    ("GET", f"/jobs/{NO_ID}/proof", "read"), ("GET", f"/workflows/{NO_ID}/proof", "read"),
     ("POST", "/jobs", "operate"), ("POST", f"/jobs/{NO_ID}/cancel", "operate"),
     ("POST", f"/jobs/{NO_ID}/retry", "operate"),
     ("GET", "/workflows", "read"), ("GET", f"/workflows/{NO_ID}", "read"),

@@ -33,6 +33,7 @@ from qforge.commands.specs import JobSpec
 from qforge.commands.workflows import trigger
 from qforge.db import connect, with_database
 from qforge.commands.archive import archive
+from qforge.events import audit, audit_verify
 from qforge.events.archive_check import verify_archive
 from qforge.events.states import JOB_FINISHED, WORKFLOW_FINISHED
 from qforge.migrate import migrate, status
@@ -116,6 +117,9 @@ def test_upgrade_keeps_every_job_and_workflow_and_the_log_replays(upgraded: tupl
     with connect(url, autocommit=True) as conn:
         assert replay.verify(conn) == []
         assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == record["events"]
+        # The upgraded log is checkpointed like a new one, and every chain the upgrade computed holds.
+        assert sum(c.events for c in audit.checkpoint(conn)) == record["events"]
+        assert audit_verify.verify(conn).problems == []
     with BackgroundServer(create_app(url)) as server, httpx.Client(base_url=server.url, timeout=30) as client:
         for job_id, before in views["jobs"].items():
             after = client.get(f"/jobs/{job_id}").json()

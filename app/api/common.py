@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import pathlib
 from typing import Annotated, Any, Callable, Iterator
 from uuid import UUID
 
-from fastapi import Query
+from fastapi import Query, Request
 
 from qforge.api.errors import ApiError
 from qforge.api.models import ErrorBody
@@ -64,3 +65,9 @@ def missing(conn, kind: str, stream_id) -> ApiError:
                     f" {names} (qforge history {stream_id} --archive DIR prints them)",
                     [{"segment": s["segment"], "first_position": s["first_position"],
                       "last_position": s["last_position"]} for s in held])
+
+
+def archive_dir(request: Request) -> pathlib.Path | None:
+    """This API's QFORGE_ARCHIVE_DIR, if set (a proof completes archived streams from it)."""
+    directory = request.app.state.resources.settings.archive_dir
+    return pathlib.Path(directory) if directory else None

@@ -5,16 +5,16 @@ from __future__ import annotations
 from typing import Annotated, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 
 from qforge.api.auth import Actor, needs
-from qforge.api.common import ERRORS, as_of_view, bad_query, limit_query, missing, tag_query, tags_of
+from qforge.api.common import ERRORS, archive_dir, as_of_view, bad_query, limit_query, missing, tag_query, tags_of
 from qforge.api.deps import Conn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, TriggerRequest, WorkflowCreated, WorkflowList, WorkflowView
 from qforge.commands import workflows as commands
 from qforge.commands.specs import WorkflowSpec
-from qforge.events import store
+from qforge.events import audit_proof, store
 from qforge.events.states import statuses
 from qforge.projections import asof
 from qforge.projections import workflows as workflows_view
@@ -72,6 +72,16 @@ def workflow_events(workflow_id: UUID, conn: Conn) -> dict:
     if not events:
         raise missing(conn, "workflow", workflow_id)
     return {"events": [e.model_dump(mode="json") for e in events]}
+
+
+@router.get("/workflows/{workflow_id}/proof", response_model=None, responses=ERRORS)
+def workflow_proof(workflow_id: UUID, conn: Conn, request: Request) -> dict:
+    """The workflow's events with their hashes and Merkle paths, and the checkpoints up to the newest:
+    check it alone with tools/verify_audit_proof.py against a head you kept (`qforge audit head`)."""
+    found = audit_proof.proof_with_status(conn, "workflow", workflow_id, archive=archive_dir(request))
+    if found is None:
+        raise missing(conn, "workflow", workflow_id)
+    return found
 
 
 @router.post("/workflows/{workflow_id}/cancel", response_model=WorkflowView, responses=ERRORS,

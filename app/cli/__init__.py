@@ -90,6 +90,12 @@ def _replay_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _audit_arguments(parser: argparse.ArgumentParser) -> None:
+    from qforge.cli.audit import add_arguments  # its sub-actions live with their code
+
+    add_arguments(parser)
+
+
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -143,6 +149,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("worker", "run a worker pool", "worker", _worker_arguments),
     Subcommand("monitor", "recover stale jobs, fire timers and trigger timeouts", "monitor"),
     Subcommand("replay", "rebuild the projections from the event log", "replay", _replay_arguments),
+    Subcommand("audit", "the tamper-evident log: checkpoint, head, verify, export", "audit", _audit_arguments),
     Subcommand("archive", "write closed partitions of the log to archive segments, then drop them;"
                " or verify an archive", "archive", _archive_arguments),
     Subcommand("history", "print an execution's events, from the archive and the live log", "history",

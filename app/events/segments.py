@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 from uuid import UUID
 
+from qforge.tools import verify_audit_proof as audit_encoding
+
 FORMAT = "qforge-archive-segment-v1"
 # Bits set per stream id, and bits per id: about one false positive in 10,000
 # lookups per segment, so an unknown id is almost never taken for an archived one.
@@ -37,28 +39,13 @@ def segment_name(lower: int, upper: int) -> str:
 
 
 # --------------------------------------------------------------------------- the hash of an event
-
-
-def _text(value: str) -> bytes:
-    data = value.encode("utf-8")
-    return struct.pack(">i", len(data)) + data
-
-
-def canonical_v1(event: dict[str, Any]) -> bytes:
-    """The bytes an event's hash covers (event_canonical_v1 in migrations/0006_log_v2.sql), from a
-    segment line: data and tags are the stored jsonb text."""
-    workflow = event.get("workflow_id")
-    tags = event.get("tags")
-    return (b"QFE1" + UUID(event["stream_id"]).bytes + struct.pack(">i", event["version"])
-            + struct.pack(">h", event["schema_version"]) + struct.pack(">q", event["occurred_us"])
-            + _text(event["stream_type"]) + _text(event["type"]) + _text(event["actor"])
-            + (b"\x00" if workflow is None else b"\x01" + UUID(workflow).bytes)
-            + (b"\xff\xff\xff\xff" if tags is None else _text(tags))
-            + event["data"].encode("utf-8"))
+# The encoding lives once, in the auditor's standalone checker (tools/verify_audit_proof.py).
 
 
 def event_hash(prev: bytes | None, event: dict[str, Any]) -> bytes:
-    return hashlib.sha256((prev or b"") + canonical_v1(event)).digest()
+    """An event's hash (event_canonical_v1 in migrations/0006_log_v2.sql) from a segment line,
+    whose data and tags are the stored jsonb text."""
+    return audit_encoding.event_hash(prev, {**event, "data_text": event["data"], "tags_text": event["tags"]})
 
 
 # --------------------------------------------------------------------------- which streams are in it

@@ -1,4 +1,4 @@
-"""The monitor: one leader at a time recovers stale jobs, fires timers and marks silent workers gone.
+"""The monitor: one leader at a time recovers stale jobs, fires timers, marks silent workers gone and checkpoints the log.
 
 Leadership is a session advisory lock held by the monitor's own connection.
 Any number of monitors may run: the others retry the lock every tick, and when
@@ -21,6 +21,7 @@ from qforge.commands import workers
 from qforge.commands.manage import recover_stale
 from qforge.commands.schedules import fire_due, next_due
 from qforge.commands.workflows import fire_timers
+from qforge.events import audit
 from qforge.settings import Settings, get_settings
 from qforge.sql import q
 from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, connect, describe
@@ -41,6 +42,7 @@ class Monitor:
         self.actor = f"monitor:{name}"
         self.stopping = False
         self.judge_after = float("-inf")  # no stale-job recovery or worker sweep before this (monotonic)
+        self.checkpoint_after = float("-inf")  # next audit checkpoint (monotonic)
 
     def stop(self, *_: object) -> None:
         """Signal-safe: only sets a flag that the loop checks."""
@@ -123,6 +125,12 @@ class Monitor:
                 log.info("created %d log partition(s) ahead of the appends", made)
             cur.execute(q("counters_compact"))
             cur.execute(q("concurrency_compact"))
+        try:
+            self._checkpoint(conn)
+        except TRANSIENT_ERRORS:
+            raise
+        except psycopg.Error:  # the audit must not stop the timers and the recovery below
+            log.exception("audit checkpoint failed; trying again next tick")
         fired = sum(_drain_counts(lambda: fire_timers(conn, limit=BATCH_LIMIT, actor=self.actor)))
         if fired:
             log.info("fired %d timers (sleep steps ended, trigger waits timed out)", fired)
@@ -135,6 +143,19 @@ class Monitor:
         gone = workers.mark_gone(conn, stale_seconds=stale)
         if gone:
             log.info("workers gone (silent for over %gs): %s", stale, ", ".join(gone))
+
+    def _checkpoint(self, conn: psycopg.Connection) -> None:
+        """An audit checkpoint every QFORGE_AUDIT_CHECKPOINT_SECONDS (0: none)."""
+        every = self.settings.audit_checkpoint_seconds
+        if not every or time.monotonic() < self.checkpoint_after:
+            return
+        # One checkpoint a tick: a long backlog (the first checkpoint of a large
+        # upgraded log) is caught up tick by tick, between the other duties.
+        made = audit.checkpoint(conn, max_checkpoints=1)
+        behind = bool(made) and made[-1].events == audit.CHECKPOINT_MAX_EVENTS
+        self.checkpoint_after = time.monotonic() + (0 if behind else every)
+        if made:
+            log.debug("audit checkpoint %d covers %d new events", made[-1].seq, made[-1].events)
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

@@ -4,9 +4,10 @@
 -- Append-only, enforced by the database for every role, superusers included.
 -- The row triggers on the partitioned table reach every partition; TRUNCATE
 -- triggers are per table, so log_guard_partition() adds one to each partition.
+-- (Other append-only tables name themselves in the trigger's argument.)
 CREATE OR REPLACE FUNCTION events_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    RAISE EXCEPTION 'events is append-only: % is not allowed', TG_OP
+    RAISE EXCEPTION '% is append-only: % is not allowed', coalesce(TG_ARGV[0], 'events'), TG_OP
         USING ERRCODE = 'insufficient_privilege';
 END $$;
 

@@ -5,6 +5,7 @@ import {
   CANCELLABLE, RETRYABLE, clear, clock, codeBlock, dateTime, debounce, emptyState,
   eventBadge, facts, h, pill, statusClass, tagChips, toast, workflowLink, EVENT_STATUS, S,
 } from "./dom.js";
+import { auditStatus } from "./audit.js";
 import { subscribe } from "./live.js";
 import { summarize } from "./summary.js";
 
@@ -78,6 +79,7 @@ export function mountJob(container, jobId) {
   let disposed = false;
   let loading = false;
   let loadAgain = false;
+  const audit = auditStatus("job", jobId);
 
   async function act(action) {
     try {
@@ -103,7 +105,8 @@ export function mountJob(container, jobId) {
         h("div", null,
           h("h1", null, h("span", { class: "task" }, job.step ? `${job.step}` : job.task ?? "job"),
             " ", h("span", { id: "job-status" }, pill(job.status))),
-          h("code", { class: "fullid" }, job.id)),
+          h("code", { class: "fullid" }, job.id),
+          audit.el),
         h("div", { class: "actions" }, buttons)),
       h("div", { class: "detail-grid" },
         h("div", { class: "card" }, facts([
@@ -165,6 +168,7 @@ export function mountJob(container, jobId) {
     disposed = true;
     refresh.cancel();
     clearInterval(timer);
+    audit.dispose();
     unsubscribe();
   };
 }

@@ -5,6 +5,7 @@ import {
   between, clear, codeBlock, dateTime, debounce, emptyState, facts, h, jobLink, pill,
   STATUSES, statusClass, tagChips, toast, S,
 } from "./dom.js";
+import { auditStatus } from "./audit.js";
 import { chooseLayout, isTriggerable, renderDag } from "./dag.js";
 import { historyList, keepOpenDetails } from "./job.js";
 import { subscribe } from "./live.js";
@@ -52,6 +53,7 @@ export function mountWorkflow(container, workflowId) {
   let disposed = false;
   let loading = false;
   let loadAgain = false;
+  const audit = auditStatus("workflow", workflowId);
   let selected = null;
   let dag = null;
   let workflow = null;
@@ -196,6 +198,7 @@ export function mountWorkflow(container, workflowId) {
         h("h1", null, h("span", null, workflow.name ?? "workflow"), " ",
           h("span", { id: "workflow-status" }, pill(workflow.status))),
         h("code", { class: "fullid" }, workflow.id),
+        audit.el,
         h("div", { class: "meta" },
           h("span", null, "created ", dateTime(workflow.created_at)),
           workflow.finished_at ? h("span", null, "finished ", dateTime(workflow.finished_at),
@@ -275,6 +278,7 @@ export function mountWorkflow(container, workflowId) {
     window.removeEventListener("resize", onResize);
     refresh.cancel();
     clearInterval(timer);
+    audit.dispose();
     unsubscribe();
   };
 }
