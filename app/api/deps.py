@@ -10,7 +10,7 @@ from fastapi import Depends, Request
 from psycopg_pool import ConnectionPool
 
 from qforge.api.hub import EventHub
-from qforge.db import make_pool, resolve_database_url
+from qforge.db import CONNECT_TIMEOUT_SECONDS, KEEPALIVES, make_pool, resolve_database_url
 from qforge.settings import Settings
 
 
@@ -45,8 +45,11 @@ class Resources:
                 # at once (503) instead of after the pool's whole timeout.
                 psycopg.connect(url, connect_timeout=3).close()
                 # autocommit: every command opens its own transaction (conn.transaction()).
+                # Checked at checkout: after a failover every idle connection points at
+                # the dead primary, and a request should not be the one to find out.
                 self._pool = make_pool(url, min_size=1, max_size=16, name="qforge-api",
-                                       timeout=5.0, autocommit=True)
+                                       timeout=5.0, check_on_checkout=True, autocommit=True,
+                                       connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES)
             return self._pool
 
     @property

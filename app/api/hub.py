@@ -33,6 +33,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from sse_starlette import ServerSentEvent
 
+from qforge.db import CONNECT_TIMEOUT_SECONDS, KEEPALIVES, Backoff
 from qforge.events import store
 from qforge.events.types import Event
 from qforge.sql import q
@@ -100,13 +101,16 @@ class EventHub:
         changed.set()
 
     async def _run(self) -> None:
-        delay = 0.5
+        backoff = Backoff()  # the workers' capped backoff: back within 2 s of the database
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                        self.database_url, autocommit=True) as conn:
+                        self.database_url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                        **KEEPALIVES) as conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(store.EVENTS_CHANNEL)))
-                    delay = 0.5
+                    if backoff.failures:
+                        log.warning("event hub reconnected")
+                    backoff.reset()
                     while True:
                         await self._read(conn)
                         # Leave as soon as one notification arrives, or after the poll interval.
@@ -120,10 +124,12 @@ class EventHub:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the database went away: retry, subscribers read for themselves
-                log.warning("event hub lost its connection (%s); retrying in %.1fs", exc, delay)
+                delay = backoff.next_delay()
+                if backoff.failures == 1:  # one line per outage, not one per attempt
+                    log.warning("event hub lost its connection (%s); reconnecting with backoff",
+                                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
                 self._wake()
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
 
     async def _read(self, conn: psycopg.AsyncConnection) -> None:
         async with conn.cursor(row_factory=dict_row) as cur:

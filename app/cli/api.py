@@ -8,12 +8,14 @@ import psycopg
 import uvicorn
 
 from qforge.api.app import create_app
-from qforge.cli.common import complain, database_url
+from qforge.cli.common import complain, configure_logging, database_url
 from qforge.db import connect, stop_embedded
 from qforge.migrate import SchemaError, migrate
+from qforge.settings import get_settings
 
 
 def run(args: argparse.Namespace) -> int:
+    configure_logging(get_settings())  # so the pool's "database unreachable / back" lines show
     url = database_url("api", args.database_url)
     if url is None:
         return 1
