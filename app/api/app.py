@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qforge.api import compat, dashboard_states, errors, events, executions, jobs, operations, workflows
 from qforge.api.auth import require_token
+from qforge.api.consistency import WriteLsnHeaders
 from qforge.api.deps import Resources
 from qforge.api.errors import error_response
 from qforge.api.metrics import make_registry
@@ -130,6 +131,8 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
         app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="dashboard")
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    if settings.read_database_url:
+        app.add_middleware(WriteLsnHeaders)  # X-QForge-LSN on writes: read-your-writes via a standby
     if not settings.api_token:
         _optional_security(app)
     return app
