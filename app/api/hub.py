@@ -148,8 +148,8 @@ class EventHub:
         """The standby's connection once it shows everything the primary has now, else the primary's."""
         if not self.read_url or time.monotonic() < self._standby_down_until:
             return primary
+        lsn = await replication.write_lsn_async(primary)  # the primary's errors are the caller's
         try:
-            lsn = await replication.write_lsn_async(primary)
             if self._read_conn is None or self._read_conn.closed:
                 self._read_conn = await psycopg.AsyncConnection.connect(
                     self.read_url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES)
