@@ -35,6 +35,9 @@ def test_failover_to_a_synchronous_standby_loses_nothing_and_runs_nothing_twice(
     processes = Processes(url, log_dir(tmp_path), tasks_dir)
     reader = None
     clients: list[RetryingClient] = []
+    threads: list[threading.Thread] = []
+    stop = threading.Event()  # the test failed early: the enqueuing threads leave
+    failures: list[BaseException] = []
     try:
         api, base = start_api(processes)
         processes.monitor()
@@ -58,11 +61,17 @@ def test_failover_to_a_synchronous_standby_loses_nothing_and_runs_nothing_twice(
         def enqueue(part: int) -> None:
             client = RetryingClient(base)
             clients.append(client)
-            for n in range(part, JOBS, CLIENT_THREADS):
-                response = client.request("POST", "/jobs", json={
-                    "task": "echo", "payload": {"n": n}, "idempotency_key": f"failover-job-{n}"})
-                assert response.status_code in (200, 201), response.text
-                acknowledged[n] = response.json()["id"]
+            try:
+                for n in range(part, JOBS, CLIENT_THREADS):
+                    if stop.is_set():
+                        return
+                    response = client.request("POST", "/jobs", json={
+                        "task": "echo", "payload": {"n": n}, "idempotency_key": f"failover-job-{n}"})
+                    assert response.status_code in (200, 201), response.text
+                    acknowledged[n] = response.json()["id"]
+            except Exception as exc:  # reported by the main thread (a thread's exception would be lost)
+                if not stop.is_set():
+                    failures.append(exc)
 
         threads = [threading.Thread(target=enqueue, args=(part,)) for part in range(CLIENT_THREADS)]
         for thread in threads:
@@ -82,6 +91,7 @@ def test_failover_to_a_synchronous_standby_loses_nothing_and_runs_nothing_twice(
 
         for thread in threads:
             thread.join(timeout=400)
+        assert failures == []
         assert len(acknowledged) == JOBS
 
         with psycopg.connect(standby.url(DBNAME), autocommit=True) as check:
@@ -133,6 +143,9 @@ def test_failover_to_a_synchronous_standby_loses_nothing_and_runs_nothing_twice(
               f"kill to first claim on the new primary {first_claim.timestamp() - killed_at:.2f}s; "
               f"client retries {retries}")
     finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=90)
         if reader is not None:
             reader.close()
         for client in clients:
