@@ -11,7 +11,7 @@ import httpx
 import psycopg
 import pytest
 
-from pgcluster import Cluster, find_bindir, free_port
+from pgcluster import Cluster, find_bindir, free_port, server_user
 from qforge.migrate import migrate
 from test_worker_support import Proc, Processes, wait_for
 
@@ -21,6 +21,10 @@ DBNAME = "qforge"
 def require_binaries() -> None:
     if find_bindir() is None:
         pytest.skip("no PostgreSQL binaries (initdb, postgres, pg_basebackup) on this machine")
+    try:
+        server_user()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture

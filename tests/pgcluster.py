@@ -56,12 +56,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def _run_as() -> dict:
-    """subprocess arguments that drop root to the postgres user (PostgreSQL refuses root)."""
+def server_user() -> pwd.struct_passwd | None:
+    """Who runs the servers when we are root (PostgreSQL refuses root): the machine's postgres
+    user, else the one the embedded wheel creates; None when not root."""
     if os.geteuid() != 0:
-        return {}
-    user = pwd.getpwnam("postgres")
-    return {"user": user.pw_uid, "group": user.pw_gid}
+        return None
+    for name in ("postgres", "embedded_postgres"):
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    raise RuntimeError("running as root, and there is no postgres user to run PostgreSQL as")
+
+
+def _run_as() -> dict:
+    """subprocess arguments that drop root to the server user."""
+    user = server_user()
+    return {} if user is None else {"user": user.pw_uid, "group": user.pw_gid}
 
 
 def _run(command: list[str]) -> None:
@@ -72,8 +83,8 @@ def _run(command: list[str]) -> None:
 
 
 def _chown(path: Path) -> None:
-    if os.geteuid() == 0:
-        user = pwd.getpwnam("postgres")
+    user = server_user()
+    if user is not None:
         os.chown(path, user.pw_uid, user.pw_gid)
 
 
