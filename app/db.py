@@ -44,6 +44,8 @@ from types import ModuleType
 from typing import Any, Literal, Mapping
 from urllib.parse import urlsplit, urlunsplit, quote
 
+import random
+
 import psutil
 import psycopg
 from psycopg import sql
@@ -53,6 +55,8 @@ from psycopg_pool import ConnectionPool
 from qforge.settings import Settings, get_settings
 
 CleanupMode = Literal["stop", "delete"]
+
+_log = logging.getLogger("qforge.db")
 
 # The wheel's inter-process file lock is not safe between threads of one
 # process, so every call into the wheel goes through this lock too.
@@ -77,6 +81,96 @@ def connect(url: str, **kwargs: Any) -> psycopg.Connection:
     return psycopg.connect(url, **kwargs)
 
 
+CONNECT_TIMEOUT_SECONDS = 5
+# Only used on TCP: notice a peer that vanished without a reset in about 25 s
+# (idle) or 30 s (waiting for an answer) instead of the kernel's hours.
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+              "tcp_user_timeout": 30_000}
+
+
+class Backoff:
+    """Capped exponential delays with jitter: 0.1, 0.2, 0.4 ... cap seconds (each 50-100 %).
+
+    The cap is low on purpose: a failed connection attempt costs next to
+    nothing, and every second a worker waits after the database is back (or a
+    standby has been promoted), its running jobs go without heartbeats and
+    the API answers 503.
+    """
+
+    def __init__(self, base: float = 0.1, cap: float = 2.0) -> None:
+        self.base, self.cap, self.failures = base, cap, 0
+
+    def next_delay(self) -> float:
+        delay = min(self.cap, self.base * 2 ** min(self.failures, 30))
+        self.failures += 1
+        return delay * random.uniform(0.5, 1.0)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class ReconnectingPool(ConnectionPool):
+    """A pool that gets its connections back after a restart or a failover, fast.
+
+    psycopg_pool retries a failed connection attempt itself, but its delay
+    doubles without a cap (1, 2, 4 ... s up to ``reconnect_timeout``): after a
+    minute-long outage the API would stay down for another minute. Here the
+    connect step retries with the workers' capped ``Backoff`` (at most 2 s
+    apart) until it succeeds or the pool closes. It logs one line when the
+    database goes (a connection found broken, or a connection attempt that
+    fails) and one when a new connection succeeds again, not one per attempt.
+    """
+
+    def __init__(self, *args: Any, check_on_checkout: bool = False, **kwargs: Any) -> None:
+        if check_on_checkout:
+            kwargs["check"] = self._check
+        self._outage_lock = threading.Lock()
+        self._down_since: float | None = None
+        super().__init__(*args, **kwargs)
+
+    def _mark_down(self, exc: BaseException | str) -> None:
+        with self._outage_lock:
+            if self._down_since is None:
+                self._down_since = time.monotonic()
+                reason = exc if isinstance(exc, str) else _first_line(exc)
+                _log.warning("database unavailable for pool %s (%s); reconnecting with backoff", self.name, reason)
+
+    def _check(self, conn: Any) -> None:
+        try:
+            ConnectionPool.check_connection(conn)
+        except Exception as exc:
+            self._mark_down(exc)
+            raise
+
+    def putconn(self, conn: Any) -> None:
+        if conn.broken:
+            self._mark_down("a connection broke")
+        super().putconn(conn)
+
+    def _connect(self, timeout: float | None = None) -> Any:
+        backoff = Backoff()
+        while True:
+            try:
+                conn = super()._connect(timeout)
+            except psycopg.OperationalError as exc:
+                if self.closed:
+                    raise
+                self._mark_down(exc)
+                time.sleep(backoff.next_delay())
+                continue
+            with self._outage_lock:
+                if self._down_since is not None:
+                    _log.warning("database back for pool %s after %.1fs", self.name,
+                                 time.monotonic() - self._down_since)
+                    self._down_since = None
+            return conn
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
 def make_pool(
     url: str,
     min_size: int = 1,
@@ -84,16 +178,22 @@ def make_pool(
     *,
     name: str | None = None,
     timeout: float = 30.0,
+    check_on_checkout: bool = False,
     **connection_kwargs: Any,
 ) -> ConnectionPool:
-    """An open pool whose first ``min_size`` connections are ready; close it when done."""
-    pool = ConnectionPool(
+    """An open pool whose first ``min_size`` connections are ready; close it when done.
+
+    ``check_on_checkout`` costs one round trip per checkout and hands out no
+    connection that died while idle (e.g. to a primary that was replaced).
+    """
+    pool = ReconnectingPool(
         url,
         min_size=min_size,
         max_size=max_size,
         kwargs=connection_kwargs or None,
         name=name,
         timeout=timeout,
+        check_on_checkout=check_on_checkout,
         open=True,
     )
     try:

@@ -16,6 +16,12 @@ class Settings(BaseSettings):
     # External PostgreSQL; None means the embedded server under data_dir/pgdata.
     database_url: str | None = None
     data_dir: str = "./.qforge"
+    # A hot standby for the API's reads (lists, histories, search, /events, the stream, the
+    # dashboard); None: everything reads from the primary.
+    read_database_url: str | None = None
+    # How long a read waits for the standby to replay a write the client has seen before it
+    # reads from the primary instead.
+    read_wait_seconds: float = Field(default=1, ge=0)
 
     heartbeat_seconds: float = Field(default=2, gt=0)
     stale_seconds: float = Field(default=10, gt=0)

@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from qforge.api import (compat, dashboard_states, errors, events, executions, jobs, operations, queues,
                         schedules, tokens, workflows)
 from qforge.api.auth import authorize, refuse_unguarded
+from qforge.api.consistency import WriteLsnHeaders
 from qforge.api.deps import Resources
 from qforge.api.errors import error_response
 from qforge.api.metrics import make_registry
@@ -187,6 +188,8 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
         app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="dashboard")
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    if settings.read_database_url:
+        app.add_middleware(WriteLsnHeaders)  # X-QForge-LSN on writes: read-your-writes via a standby
     app.add_middleware(SecurityHeaders)
     refuse_unguarded(app)
     if not settings.api_token:

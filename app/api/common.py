@@ -45,10 +45,14 @@ def tags_of(pairs: list[str] | None) -> list[tuple[str, str]]:
         return parse_tags(pairs)
 
 
-def as_of_view(read: Callable[[Any, UUID, int], dict | None], conn, stream_id: UUID, position: int,
-               what: str) -> dict:
-    """`read(conn, id, position)` (qforge.projections.asof), or 404 if it did not exist yet."""
-    view = read(conn, stream_id, position)
+def as_of_view(read: Callable[[Any, UUID, int], dict | None], request: Request, stream_id: UUID,
+               position: int, what: str) -> dict:
+    """`read(conn, id, position)` (qforge.projections.asof), or 404 if it did not exist yet.
+
+    On the primary even when reads go to a standby: the fold runs into temporary
+    tables, which a hot standby cannot create."""
+    with request.app.state.resources.pool.connection() as conn:
+        view = read(conn, stream_id, position)
     if view is None:
         raise ApiError(404, "not_found", f"{what} did not exist at log position {position}")
     return view

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Path, Request, Response
 
 from qforge.api.auth import Actor, needs
 from qforge.api.common import ERRORS
-from qforge.api.deps import Conn
+from qforge.api.deps import Conn, ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import CompatWorkflowIn, CompatWorkflowView, Pods
 from qforge.commands import workflows as commands
@@ -93,11 +93,11 @@ def submit(body: CompatWorkflowIn, conn: Conn, response: Response, actor: Actor)
 
 
 @router.get("/workflow/{workflowId}", response_model=CompatWorkflowView, responses=COMPAT_ERRORS)
-def status(workflow_id: Annotated[str, Path(alias="workflowId")], conn: Conn) -> dict:
+def status(workflow_id: Annotated[str, Path(alias="workflowId")], conn: ReadConn) -> dict:
     return compat_view(*_find(conn, workflow_id))
 
 
 @router.get("/pods", response_model=Pods, responses=ERRORS)
-def pods(conn: Conn, request: Request) -> dict:
+def pods(conn: ReadConn, request: Request) -> dict:
     """Worker slots as pods: total live slots, free slots, names of busy slots."""
     return live_pods(conn, request.app.state.resources.settings.stale_seconds)

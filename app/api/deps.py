@@ -1,17 +1,33 @@
-"""What routes share: the database pool, the event hub, and the connection dependency."""
+"""What routes share: the database pools, the event hub, and the connection dependencies.
+
+`Conn` is a connection to the primary, for writes (and reads that need the
+primary). `ReadConn` is a connection to the hot standby of
+QFORGE_READ_DATABASE_URL when there is one and it has replayed every write the
+client may have seen (app/api/consistency.py), else to the primary.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
+import time
 from typing import Annotated, Iterator
 
 import psycopg
 from fastapi import Depends, Request
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
+from qforge import replication
+from qforge.api.consistency import record_write, required_lsn
 from qforge.api.hub import EventHub
-from qforge.db import make_pool, resolve_database_url
+from qforge.db import CONNECT_TIMEOUT_SECONDS, KEEPALIVES, make_pool, resolve_database_url
 from qforge.settings import Settings
+
+log = logging.getLogger("qforge.api")
+
+STANDBY_RETRY_SECONDS = 1.0  # after the standby failed us, read from the primary this long before trying again
+STANDBY_CHECKOUT_SECONDS = 0.5  # a standby that cannot hand out a connection this fast counts as down
 
 
 class Resources:
@@ -23,8 +39,11 @@ class Resources:
         self._explicit_url = database_url
         self._url: str | None = None
         self._pool: ConnectionPool | None = None
+        self._read_pool: ConnectionPool | None = None
         self._hub: EventHub | None = None
         self._lock = threading.Lock()
+        self._standby_down_until = 0.0
+        self.last_write_lsn = 0  # the newest write this process made, as a WAL position
         self.closed = False
 
     @property
@@ -35,25 +54,89 @@ class Resources:
             return self._url
 
     @property
+    def read_database_url(self) -> str | None:
+        return self.settings.read_database_url
+
+    def _open_pool(self, url: str, name: str) -> ConnectionPool:
+        if self.closed:
+            raise psycopg.OperationalError("the API is shutting down")
+        # One direct attempt first: a database that is down fails this request
+        # at once (503) instead of after the pool's whole timeout.
+        psycopg.connect(url, connect_timeout=3).close()
+        # autocommit: every command opens its own transaction (conn.transaction()).
+        # Checked at checkout: after a failover every idle connection points at
+        # the dead primary, and a request should not be the one to find out.
+        return make_pool(url, min_size=1, max_size=16, name=name, timeout=5.0, check_on_checkout=True,
+                         autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES)
+
+    @property
     def pool(self) -> ConnectionPool:
         url = self.database_url
         with self._lock:
             if self._pool is None:
-                if self.closed:
-                    raise psycopg.OperationalError("the API is shutting down")
-                # One direct attempt first: a database that is down fails this request
-                # at once (503) instead of after the pool's whole timeout.
-                psycopg.connect(url, connect_timeout=3).close()
-                # autocommit: every command opens its own transaction (conn.transaction()).
-                self._pool = make_pool(url, min_size=1, max_size=16, name="qforge-api",
-                                       timeout=5.0, autocommit=True)
+                self._pool = self._open_pool(url, "qforge-api")
             return self._pool
+
+    @property
+    def read_pool(self) -> ConnectionPool | None:
+        """The standby's pool, or None without QFORGE_READ_DATABASE_URL."""
+        url = self.read_database_url
+        if not url:
+            return None
+        with self._lock:
+            if self._read_pool is None:
+                self._read_pool = self._open_pool(url, "qforge-api-read")
+            return self._read_pool
 
     @property
     def hub(self) -> EventHub:
         if self._hub is None:
-            self._hub = EventHub(self.database_url, poll_seconds=self.settings.poll_interval_seconds)
+            self._hub = EventHub(self.database_url, poll_seconds=self.settings.poll_interval_seconds,
+                                 read_url=self.read_database_url,
+                                 read_wait_seconds=self.settings.read_wait_seconds)
         return self._hub
+
+    def note_write(self, lsn: int) -> None:
+        with self._lock:
+            self.last_write_lsn = max(self.last_write_lsn, lsn)
+
+    @contextlib.contextmanager
+    def read_connection(self, lsn: int = 0) -> Iterator[psycopg.Connection]:
+        """A connection that shows every write up to WAL position `lsn` and every write of this
+        process: the standby's once it has replayed that far (waiting up to
+        QFORGE_READ_WAIT_SECONDS), else the primary's. Without a standby, the primary's."""
+        standby = self._standby_connection(max(lsn, self.last_write_lsn))
+        if standby is not None:
+            pool, conn = standby
+            try:
+                yield conn
+            finally:
+                pool.putconn(conn)
+            return
+        with self.pool.connection() as conn:
+            yield conn
+
+    def _standby_connection(self, lsn: int) -> tuple[ConnectionPool, psycopg.Connection] | None:
+        """A standby connection that has replayed `lsn`, or None (no standby, down, or too far behind)."""
+        if not self.read_database_url or time.monotonic() < self._standby_down_until:
+            return None
+        pool: ConnectionPool | None = None
+        conn: psycopg.Connection | None = None
+        try:
+            pool = self.read_pool
+            assert pool is not None
+            conn = pool.getconn(timeout=STANDBY_CHECKOUT_SECONDS)
+            if not lsn or replication.wait_replayed(conn, lsn, self.settings.read_wait_seconds):
+                return pool, conn
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            if time.monotonic() >= self._standby_down_until:
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                log.warning("reads go to the primary for %.0fs: the standby failed (%s)",
+                            STANDBY_RETRY_SECONDS, reason)
+            self._standby_down_until = time.monotonic() + STANDBY_RETRY_SECONDS
+        if pool is not None and conn is not None:
+            pool.putconn(conn)  # too far behind: this read goes to the primary
+        return None
 
     async def aclose(self) -> None:
         self.closed = True
@@ -64,9 +147,10 @@ class Resources:
     def close_pool(self) -> None:
         self.closed = True
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
+            pools, self._pool, self._read_pool = (self._pool, self._read_pool), None, None
+        for pool in pools:
+            if pool is not None:
+                pool.close()
 
 
 def resources(request: Request) -> Resources:
@@ -74,10 +158,28 @@ def resources(request: Request) -> Resources:
 
 
 def connection(request: Request) -> Iterator[psycopg.Connection]:
-    """A pooled autocommit connection for the length of one request (sync routes run in
-    the threadpool, so the blocking driver never stalls the event loop)."""
-    with resources(request).pool.connection() as conn:
+    """A pooled autocommit connection to the primary for the length of one request (sync
+    routes run in the threadpool, so the blocking driver never stalls the event loop).
+
+    With a standby for reads, a write request also records where its commit is in the WAL,
+    for the client (X-QForge-LSN, by app/api/consistency.py) and for this process's later reads.
+    """
+    res = resources(request)
+    with res.pool.connection() as conn:
+        yield conn
+        if res.read_database_url and request.method not in ("GET", "HEAD", "OPTIONS") and not conn.broken:
+            lsn = replication.write_lsn(conn)
+            res.note_write(lsn)
+            record_write(request, lsn)
+
+
+def read_connection(request: Request) -> Iterator[psycopg.Connection]:
+    """A connection for a read: the standby's when it shows what the client may have written."""
+    with resources(request).read_connection(required_lsn(request)) as conn:
         yield conn
 
 
-Conn = Annotated[psycopg.Connection, Depends(connection)]
+# scope="function": the connection goes back to the pool (and a write's LSN is recorded)
+# when the route returns, before the response is sent.
+Conn = Annotated[psycopg.Connection, Depends(connection, scope="function")]
+ReadConn = Annotated[psycopg.Connection, Depends(read_connection, scope="function")]

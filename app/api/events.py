@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from qforge.api import auth
 from qforge.api.auth import Caller, needs
 from qforge.api.common import ERRORS, bad_query, tags_of
-from qforge.api.deps import Conn, Resources
+from qforge.api.deps import ReadConn, Resources
 from qforge.api.errors import ApiError
 from qforge.api.hub import Message, encode
 from qforge.api.models import EventPage, StreamTicket
@@ -49,7 +49,7 @@ def parse_cursor(text: str | None) -> store.Cursor:
 
 
 @router.get("/events", response_model=None, responses={200: {"model": EventPage}, **ERRORS})
-def list_events(conn: Conn, after: cursor_query = None,
+def list_events(conn: ReadConn, after: cursor_query = None,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:
     """The log in order, after a cursor (from the beginning without one); `next` resumes."""
     cursor = parse_cursor(after)
@@ -81,12 +81,12 @@ class Filters:
 
 
 def _read_page(resources: Resources, cursor: store.Cursor) -> list[Event]:
-    with resources.pool.connection() as conn:
+    with resources.read_connection() as conn:
         return store.read_after(conn, cursor, PAGE_SIZE)
 
 
 def _tail(resources: Resources, back: int = 0) -> store.Cursor:
-    with resources.pool.connection() as conn:
+    with resources.read_connection() as conn:
         return store.tail_cursor(conn, back)
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from qforge.api.common import ERRORS, bad_query, limit_query, tags_of
-from qforge.api.deps import Conn
+from qforge.api.deps import ReadConn
 from qforge.api.models import ExecutionList
 from qforge.projections import executions
 
@@ -15,7 +15,7 @@ router = APIRouter(tags=["search"])
 
 
 @router.get("/executions", response_model=ExecutionList, responses=ERRORS)
-def search(conn: Conn,
+def search(conn: ReadConn,
            tag: Annotated[list[str], Query(min_length=1, max_length=20, description=(
                "key:value; repeat for more: an execution must carry all of them"))],
            actor: Annotated[str | None, Query(max_length=200, description=(

@@ -26,6 +26,7 @@ import collections
 import contextlib
 import json
 import logging
+import time
 from typing import NamedTuple
 
 import psycopg
@@ -33,6 +34,8 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from sse_starlette import ServerSentEvent
 
+from qforge import replication
+from qforge.db import CONNECT_TIMEOUT_SECONDS, KEEPALIVES, Backoff
 from qforge.events import store
 from qforge.events.types import Event
 from qforge.sql import q
@@ -58,9 +61,16 @@ def encode(event: Event) -> Message:
 
 
 class EventHub:
-    def __init__(self, database_url: str, *, poll_seconds: float = 1.0):
+    def __init__(self, database_url: str, *, poll_seconds: float = 1.0, read_url: str | None = None,
+                 read_wait_seconds: float = 1.0):
         self.database_url = database_url
         self.poll_seconds = poll_seconds
+        # A hot standby cannot LISTEN: the hub listens on the primary and, with a
+        # standby, reads there once it has replayed what the primary had written.
+        self.read_url = read_url
+        self.read_wait_seconds = read_wait_seconds
+        self._read_conn: psycopg.AsyncConnection | None = None
+        self._standby_down_until = 0.0
         self.cache: collections.deque[Message] = collections.deque()
         self.cached_from: store.Cursor | None = None  # the cursor just before cache[0]
         self.read_cursor: store.Cursor | None = None  # the last event the hub has read
@@ -78,6 +88,10 @@ class EventHub:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        read_conn, self._read_conn = self._read_conn, None
+        if read_conn is not None:
+            with contextlib.suppress(Exception):
+                await read_conn.close()
         self._wake()  # let waiting subscribers notice and finish
 
     def changed(self) -> asyncio.Event:
@@ -100,13 +114,16 @@ class EventHub:
         changed.set()
 
     async def _run(self) -> None:
-        delay = 0.5
+        backoff = Backoff()  # the workers' capped backoff: back within 2 s of the database
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                        self.database_url, autocommit=True) as conn:
+                        self.database_url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                        **KEEPALIVES) as conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(store.EVENTS_CHANNEL)))
-                    delay = 0.5
+                    if backoff.failures:
+                        log.warning("event hub reconnected")
+                    backoff.reset()
                     while True:
                         await self._read(conn)
                         # Leave as soon as one notification arrives, or after the poll interval.
@@ -120,12 +137,35 @@ class EventHub:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the database went away: retry, subscribers read for themselves
-                log.warning("event hub lost its connection (%s); retrying in %.1fs", exc, delay)
+                delay = backoff.next_delay()
+                if backoff.failures == 1:  # one line per outage, not one per attempt
+                    log.warning("event hub lost its connection (%s); reconnecting with backoff",
+                                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
                 self._wake()
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
 
-    async def _read(self, conn: psycopg.AsyncConnection) -> None:
+    async def _reader(self, primary: psycopg.AsyncConnection) -> psycopg.AsyncConnection:
+        """The standby's connection once it shows everything the primary has now, else the primary's."""
+        if not self.read_url or time.monotonic() < self._standby_down_until:
+            return primary
+        lsn = await replication.write_lsn_async(primary)  # the primary's errors are the caller's
+        try:
+            if self._read_conn is None or self._read_conn.closed:
+                self._read_conn = await psycopg.AsyncConnection.connect(
+                    self.read_url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES)
+            if await replication.wait_replayed_async(self._read_conn, lsn, self.read_wait_seconds):
+                return self._read_conn
+        except psycopg.OperationalError as exc:
+            log.warning("event hub reads from the primary for a while: the standby failed (%s)",
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            self._standby_down_until = time.monotonic() + 1.0
+            if self._read_conn is not None:
+                await self._read_conn.close()
+                self._read_conn = None
+        return primary
+
+    async def _read(self, primary: psycopg.AsyncConnection) -> None:
+        conn = await self._reader(primary)
         async with conn.cursor(row_factory=dict_row) as cur:
             if self.read_cursor is None:
                 await cur.execute(q("events_tail_cursor"), {"back": 0})

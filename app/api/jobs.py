@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from qforge.api.auth import Actor, needs
 from qforge.api.common import ERRORS, archive_dir, as_of_view, bad_query, limit_query, missing, tag_query, tags_of
-from qforge.api.deps import Conn
+from qforge.api.deps import Conn, ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, JobList, JobView
 from qforge.commands.enqueue import enqueue
@@ -44,7 +44,7 @@ def create_job(body: JobSpec, conn: Conn, response: Response, actor: Actor) -> d
 
 
 @router.get("/jobs", response_model=JobList, responses=ERRORS)
-def list_jobs(conn: Conn,
+def list_jobs(conn: ReadConn,
               status: Annotated[JobStatus | None, Query()] = None,
               queue: Annotated[str | None, Query(max_length=200)] = None,
               task: Annotated[str | None, Query(max_length=200)] = None,
@@ -58,17 +58,17 @@ def list_jobs(conn: Conn,
 
 
 @router.get("/jobs/{job_id}", response_model=JobView, responses=ERRORS)
-def get_job(job_id: UUID, conn: Conn,
+def get_job(job_id: UUID, conn: ReadConn, request: Request,
             as_of: Annotated[int | None, Query(ge=0, le=2**62, description=(
                 "the job as it was right after this log position (event replay)"))] = None) -> dict:
     if as_of is not None:
-        return as_of_view(asof.job_as_of, conn, job_id, as_of, f"job {job_id}")
+        return as_of_view(asof.job_as_of, request, job_id, as_of, f"job {job_id}")
     return _job(conn, job_id)
 
 
 @router.get("/jobs/{job_id}/events", response_model=None,
             responses={200: {"model": EventHistory}, **ERRORS})
-def job_events(job_id: UUID, conn: Conn) -> dict:
+def job_events(job_id: UUID, conn: ReadConn) -> dict:
     """The job's own events, oldest first: its audit trail."""
     events = store.read_stream(conn, job_id)
     if not events:

@@ -47,7 +47,7 @@ class QForgeCollector:
 
     def collect(self) -> Iterator[Metric]:
         stale_seconds = self.resources.settings.stale_seconds
-        with self.resources.pool.connection() as conn:
+        with self.resources.read_connection() as conn:
             queues = queue_stats(conn)
             workers = live_workers(conn, stale_seconds)
             with self._lock:

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from qforge.api.common import ERRORS
-from qforge.api.deps import Conn
+from qforge.api.deps import ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import Health, QueueList, WorkerList
 from qforge.projections.stats import database_ok, queue_stats
@@ -17,13 +17,13 @@ health_router = APIRouter(tags=["operations"])
 
 
 @router.get("/queues", response_model=QueueList, responses=ERRORS)
-def queues(conn: Conn) -> dict:
+def queues(conn: ReadConn) -> dict:
     """Per queue: job counts by status and the age of the oldest due pending job."""
     return {"items": queue_stats(conn), "next": None}
 
 
 @router.get("/workers", response_model=WorkerList, responses=ERRORS)
-def workers(conn: Conn, request: Request) -> dict:
+def workers(conn: ReadConn, request: Request) -> dict:
     """Live workers: those that heartbeated within QFORGE_STALE_SECONDS."""
     stale_seconds = request.app.state.resources.settings.stale_seconds
     return {"items": live_workers(conn, stale_seconds), "next": None}

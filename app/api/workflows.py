@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 
 from qforge.api.auth import Actor, needs
 from qforge.api.common import ERRORS, archive_dir, as_of_view, bad_query, limit_query, missing, tag_query, tags_of
-from qforge.api.deps import Conn
+from qforge.api.deps import Conn, ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, TriggerRequest, WorkflowCreated, WorkflowList, WorkflowView
 from qforge.commands import workflows as commands
@@ -45,7 +45,7 @@ def create_workflow(body: WorkflowSpec, conn: Conn, response: Response, actor: A
 
 
 @router.get("/workflows", response_model=WorkflowList, responses=ERRORS)
-def list_workflows(conn: Conn, status: Annotated[WorkflowStatus | None, Query()] = None,
+def list_workflows(conn: ReadConn, status: Annotated[WorkflowStatus | None, Query()] = None,
                    tag: tag_query = None, limit: limit_query = 50,
                    cursor: Annotated[str | None, Query(max_length=500)] = None) -> dict:
     """Workflows, newest first, with how many steps are in each status."""
@@ -56,17 +56,17 @@ def list_workflows(conn: Conn, status: Annotated[WorkflowStatus | None, Query()]
 
 
 @router.get("/workflows/{workflow_id}", response_model=WorkflowView, responses=ERRORS)
-def get_workflow(workflow_id: UUID, conn: Conn,
+def get_workflow(workflow_id: UUID, conn: ReadConn, request: Request,
                  as_of: Annotated[int | None, Query(ge=0, le=2**62, description=(
                      "the workflow as it was right after this log position"))] = None) -> dict:
     if as_of is not None:
-        return as_of_view(asof.workflow_as_of, conn, workflow_id, as_of, f"workflow {workflow_id}")
+        return as_of_view(asof.workflow_as_of, request, workflow_id, as_of, f"workflow {workflow_id}")
     return _workflow(conn, workflow_id)
 
 
 @router.get("/workflows/{workflow_id}/events", response_model=None,
             responses={200: {"model": EventHistory}, **ERRORS})
-def workflow_events(workflow_id: UUID, conn: Conn) -> dict:
+def workflow_events(workflow_id: UUID, conn: ReadConn) -> dict:
     """The workflow's own events and its steps' job events, in log order."""
     events = store.read_workflow(conn, workflow_id)
     if not events:

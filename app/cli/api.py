@@ -15,7 +15,7 @@ import psycopg
 import uvicorn
 
 from qforge.api.app import create_app
-from qforge.cli.common import complain, database_url
+from qforge.cli.common import complain, configure_logging, database_url
 from qforge.commands.tokens import tokens_exist
 from qforge.db import connect, stop_embedded
 from qforge.migrate import SchemaError, migrate
@@ -38,6 +38,7 @@ def is_loopback(host: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    configure_logging(get_settings())  # so the pool's "database unreachable / back" lines show
     url = database_url("api", args.database_url)
     if url is None:
         return 1

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-import random
 from typing import Any, Callable, TypeVar
 
 import psycopg
+
+from qforge.db import CONNECT_TIMEOUT_SECONDS, KEEPALIVES, Backoff  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -17,32 +18,6 @@ T = TypeVar("T")
 # OperationalError too: those are transient as well, and retrying them is what
 # we want, but they do not cost the connection.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (psycopg.OperationalError, psycopg.InterfaceError)
-
-CONNECT_TIMEOUT_SECONDS = 5
-# Only used on TCP: notice a peer that vanished without a reset in about 25 s
-# (idle) or 30 s (waiting for an answer) instead of the kernel's hours.
-KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
-              "tcp_user_timeout": 30_000}
-
-
-class Backoff:
-    """Capped exponential delays with jitter: 0.1, 0.2, 0.4 ... cap seconds (each 50-100 %).
-
-    The cap is low on purpose: a failed connection attempt costs next to
-    nothing, and every second a worker waits after the database is back, its
-    running jobs go without heartbeats.
-    """
-
-    def __init__(self, base: float = 0.1, cap: float = 2.0) -> None:
-        self.base, self.cap, self.failures = base, cap, 0
-
-    def next_delay(self) -> float:
-        delay = min(self.cap, self.base * 2 ** min(self.failures, 30))
-        self.failures += 1
-        return delay * random.uniform(0.5, 1.0)
-
-    def reset(self) -> None:
-        self.failures = 0
 
 
 def connect(url: str, application_name: str, **kwargs: Any) -> psycopg.Connection:

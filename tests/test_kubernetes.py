@@ -1,0 +1,182 @@
+"""deploy/kubernetes: rendered by `kubectl kustomize`, every object validated against the
+Kubernetes schemas (kubernetes-validate, strict, offline) and KEDA's (tests/fixtures/keda), and
+the KEDA query run against a real QForge database."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import psycopg
+import pytest
+import yaml
+
+from qforge.commands.claim import claim
+from test_worker_support import add_jobs
+
+BASE = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
+KEDA = json.loads((Path(__file__).parent / "fixtures" / "keda" / "keda.sh_v1alpha1.json").read_text())
+KUBERNETES_VERSIONS = ("1.28", "1.33")
+
+
+def render(folder: Path) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (Debian's kubernetes-client) is not installed")
+    done = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def objects() -> list[dict]:
+    return render(BASE)
+
+
+def by_kind(objects: list[dict], kind: str, name: str | None = None) -> dict:
+    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, (kind, name, [o["metadata"]["name"] for o in found])
+    return found[0]
+
+
+def keda_errors(obj: dict) -> list[str]:
+    schema = {**KEDA["kinds"][obj["kind"]], "$defs": KEDA["$defs"]}
+    errors = [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(obj)]
+    for trigger in obj.get("spec", {}).get("triggers", []) if obj["kind"] == "ScaledObject" else []:
+        if trigger["type"] == "postgresql":
+            rules = KEDA["postgresql_metadata"]
+            errors += [f"postgresql trigger: unknown metadata {key!r}" for key in trigger["metadata"]
+                       if key not in rules["allowed"]]
+            errors += [f"postgresql trigger: missing {key!r}" for key in rules["required"]
+                       if key not in trigger["metadata"]]
+    return errors
+
+
+def validate(obj: dict) -> None:
+    if obj["apiVersion"].startswith("keda.sh/"):
+        assert keda_errors(obj) == []
+    else:
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_every_object_is_valid_for_kubernetes_and_keda(objects):
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == sorted(["ConfigMap", "Secret", "Service", "Service", "Deployment", "Deployment", "StatefulSet",
+                            "PodDisruptionBudget", "PodDisruptionBudget", "PodDisruptionBudget", "Job",
+                            "ScaledObject", "TriggerAuthentication"])
+    for obj in objects:
+        validate(obj)
+
+
+def test_a_broken_object_fails_validation(objects):
+    runner = copy.deepcopy(by_kind(objects, "StatefulSet"))
+    runner["spec"]["replicaz"] = 3
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(runner, KUBERNETES_VERSIONS[-1], strict=True)
+    api = copy.deepcopy(by_kind(objects, "Deployment", "qforge-api"))
+    api["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["periodSeconds"] = "often"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(api, KUBERNETES_VERSIONS[0], strict=True)
+    scaled = copy.deepcopy(by_kind(objects, "ScaledObject"))
+    scaled["spec"]["maxReplicas"] = 5  # HPA's word, not KEDA's
+    del scaled["spec"]["triggers"][0]["metadata"]["targetQueryValue"]
+    scaled["spec"]["triggers"][0]["metadata"]["targetQueryValue2"] = "8"
+    errors = keda_errors(scaled)
+    assert any("maxReplicas" in e for e in errors)
+    assert "postgresql trigger: unknown metadata 'targetQueryValue2'" in errors
+    assert "postgresql trigger: missing 'targetQueryValue'" in errors
+
+
+def test_the_roles_are_deployed_as_the_issue_says(objects):
+    settings = by_kind(objects, "ConfigMap")["data"]
+    grace = float(settings["QFORGE_SHUTDOWN_GRACE_SECONDS"])
+    api = by_kind(objects, "Deployment", "qforge-api")["spec"]["template"]["spec"]
+    assert api["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    service = by_kind(objects, "Service", "qforge-api")
+    assert service["spec"]["selector"] == by_kind(objects, "Deployment", "qforge-api")["spec"]["selector"]["matchLabels"]
+    monitor = by_kind(objects, "Deployment", "qforge-monitor")
+    assert monitor["spec"]["replicas"] == 2
+    runner = by_kind(objects, "StatefulSet")
+    pod = runner["spec"]["template"]["spec"]
+    command = pod["containers"][0]["command"]
+    assert command[:4] == ["qforge", "worker", "--name", "$(POD_NAME)"]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in pod["containers"][0]["env"]
+    assert pod["terminationGracePeriodSeconds"] > grace
+    assert by_kind(objects, "Job")["spec"]["template"]["spec"]["containers"][0]["command"] == ["qforge", "migrate"]
+    budgets = {o["metadata"]["name"] for o in objects if o["kind"] == "PodDisruptionBudget"}
+    assert budgets == {"qforge-runner", "qforge-api", "qforge-monitor"}
+    for obj in objects:
+        template = obj.get("spec", {}).get("template", {}).get("spec")
+        if template is None:
+            continue
+        assert template["terminationGracePeriodSeconds" if obj["kind"] != "Job" else "restartPolicy"]
+        for container in template["containers"]:
+            assert container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
+            urls = [e for e in container.get("env", []) if e["name"] == "QFORGE_DATABASE_URL"]
+            assert urls == [{"name": "QFORGE_DATABASE_URL",
+                             "valueFrom": {"secretKeyRef": {"name": "qforge", "key": "database-url"}}}]
+    scaled = by_kind(objects, "ScaledObject")["spec"]
+    assert scaled["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "qforge-runner"}
+    [trigger] = scaled["triggers"]
+    assert trigger["type"] == "postgresql" and trigger["authenticationRef"]["name"] == "qforge-db"
+    auth = by_kind(objects, "TriggerAuthentication")["spec"]["secretTargetRef"]
+    assert auth == [{"parameter": "connection", "name": "qforge", "key": "database-url"}]
+    assert set(by_kind(objects, "Secret")["stringData"]) >= {"database-url", "api-token"}
+
+
+def test_a_name_prefix_keeps_the_keda_references(tmp_path):
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    base = os.path.relpath(BASE, overlay)  # kustomize takes no absolute paths
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "namePrefix": "team-", "resources": [base]}))
+    try:
+        objects = render(overlay)
+    except AssertionError:
+        # kubectl 1.20 (Debian's older kubernetes-client) wants a base under `bases:`
+        (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "namePrefix": "team-", "bases": [base]}))
+        objects = render(overlay)
+    scaled = by_kind(objects, "ScaledObject")
+    assert scaled["metadata"]["name"] == "team-qforge-runner"
+    assert scaled["spec"]["scaleTargetRef"]["name"] == by_kind(objects, "StatefulSet")["metadata"]["name"] \
+        == "team-qforge-runner"
+    assert scaled["spec"]["triggers"][0]["authenticationRef"]["name"] == "team-qforge-db"
+    assert by_kind(objects, "TriggerAuthentication")["spec"]["secretTargetRef"][0]["name"] == "team-qforge"
+    assert by_kind(objects, "Secret")["metadata"]["name"] == "team-qforge"
+
+
+def test_the_keda_query_counts_due_pending_and_running_jobs(objects, conn):
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    add_jobs(conn, *({"task": "echo", "queue": "default"} for _ in range(7)))
+    add_jobs(conn, *({"task": "echo", "queue": "default", "run_at": later} for _ in range(4)))  # not due
+    add_jobs(conn, *({"task": "echo", "queue": "other"} for _ in range(5)))
+    claim(conn, ["default"], 2, "runner-0")  # 2 running, 5 due pending
+    query = by_kind(objects, "ScaledObject")["spec"]["triggers"][0]["metadata"]["query"]
+    assert conn.execute(query).fetchone() == {"queue_demand": 7}
+    assert conn.execute("SELECT queue_demand('default', 3)").fetchone() == {"queue_demand": 5}  # capped pending
+    assert conn.execute("SELECT queue_demand('other')").fetchone() == {"queue_demand": 5}
+    assert conn.execute("SELECT queue_demand('nobody')").fetchone() == {"queue_demand": 0}
+    conn.execute("SELECT queue_counts_compact()")  # running now counted from queue_counts, not deltas
+    assert conn.execute(query).fetchone() == {"queue_demand": 7}
+
+
+def test_the_keda_query_reads_the_claim_index(conn):
+    with conn.transaction():
+        conn.execute("SET LOCAL enable_seqscan = off")  # a tiny table: make the planner show its index choice
+        plan = "\n".join(row["QUERY PLAN"] for row in conn.execute(
+            "EXPLAIN SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE j.status = 'pending' "
+            "AND j.queue = 'default' AND j.run_at <= now() LIMIT 1000) due"))
+    assert "jobs_claim" in plan, plan
+    source = (BASE.parent.parent / "migrations" / "definitions" / "75_scaling.sql").read_text()
+    assert "j.status = 'pending' AND j.queue = p_queue AND j.run_at <= now()" in source  # the same shape
