@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 from uuid import UUID
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from qforge.api import models
 from qforge.client.errors import Invalid
-from qforge.commands.specs import JobSpec, WorkflowSpec
+from qforge.commands import errors
+from qforge.commands.specs import JobSpec, WorkflowSpec, parse_spec
 
 
 @dataclass(frozen=True)
@@ -58,12 +59,9 @@ def validated(model: type[BaseModel], data: Any) -> dict[str, Any]:
     """The JSON body of `data` checked by the API's own model, so bad input fails here, with the
     same Invalid (422) and details the API would answer."""
     try:
-        spec = data if isinstance(data, model) else model.model_validate(data)
-    except ValidationError as exc:
-        details = [{"field": ".".join(str(p) for p in error["loc"]) or "body", "message": error["msg"]}
-                   for error in exc.errors()]
-        raise Invalid(422, "invalid", "; ".join(f"{d['field']}: {d['message']}" for d in details),
-                      details) from None
+        spec = parse_spec(model, data)
+    except errors.Invalid as exc:
+        raise Invalid(422, "invalid", exc.message, exc.details) from None
     return spec.model_dump(mode="json", exclude_unset=True, by_alias=True)
 
 

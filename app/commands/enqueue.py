@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from psycopg.rows import tuple_row
-
+from qforge.commands.plan import Plan, Statement, run
 from qforge.commands.specs import JobSpec
 from qforge.events.ids import new_ids
 from qforge.events.types import Enqueued
@@ -63,6 +61,13 @@ PART = 250
 def enqueue(conn, specs: list[JobSpec], *, actor: str = "api",
             now: datetime | None = None) -> list[EnqueueResult]:
     """Enqueue jobs, atomically; a repeated idempotency_key returns the existing job."""
+    return run(conn, enqueue_plan(specs, actor=actor, now=now))
+
+
+def enqueue_plan(specs: list[JobSpec], *, actor: str = "api",
+                 now: datetime | None = None) -> Plan[list[EnqueueResult]]:
+    """enqueue() as a plan (qforge.commands.plan), so qforge.enqueue can run it in the caller's
+    transaction, sync or async."""
     if not specs:
         return []
     clock = now or datetime.now(timezone.utc)
@@ -70,24 +75,21 @@ def enqueue(conn, specs: list[JobSpec], *, actor: str = "api",
     keyed = any(spec.idempotency_key is not None for spec in specs)
     query = q("job_enqueue_keyed" if keyed else "job_enqueue")
     parts = [range(start, min(start + PART, len(specs))) for start in range(0, len(specs), PART)]
-    with conn.transaction():
-        with conn.pipeline() if len(parts) > 1 else contextlib.nullcontext():
-            cursors = []
-            for part in parts:
-                rows = [job_row(ids[i], enqueued_data(specs[i], clock), specs[i].tags) for i in part]
-                cur = conn.cursor(row_factory=tuple_row)
-                cur.execute(query, {"jobs": json.dumps(rows), "actor": actor, "now": now})
-                cursors.append(cur)
-        if not keyed:  # nothing can conflict: every job is new (no RETURNING to read)
-            return [EnqueueResult(job_id, True) for job_id in ids]
-        inserted = {row[0] for cur in cursors for row in cur.fetchall()}
-        missing_keys = [spec.idempotency_key for spec, job_id in zip(specs, ids) if job_id not in inserted]
-        existing: dict[str, uuid.UUID] = {}
-        if missing_keys:
-            # ON CONFLICT waited for the other writer, so its job is visible now.
-            with conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute(q("job_ids_by_idempotency_key"), {"keys": missing_keys})
-                existing = {key: job_id for job_id, key in cur.fetchall()}
+    statements = (Statement(query, {"jobs": json.dumps([job_row(ids[i], enqueued_data(specs[i], clock),
+                                                                specs[i].tags) for i in part]),
+                                    "actor": actor, "now": now}, fetch=keyed)
+                  for part in parts)
+    # Lazy when there are several parts: each is built while the database folds the one before.
+    results = yield list(statements) if len(parts) == 1 else statements
+    if not keyed:  # nothing can conflict: every job is new (no RETURNING to read)
+        return [EnqueueResult(job_id, True) for job_id in ids]
+    inserted = {row[0] for rows in results for row in rows}
+    missing_keys = [spec.idempotency_key for spec, job_id in zip(specs, ids) if job_id not in inserted]
+    existing: dict[str, uuid.UUID] = {}
+    if missing_keys:
+        # ON CONFLICT waited for the other writer, so its job is visible now.
+        [rows] = yield [Statement(q("job_ids_by_idempotency_key"), {"keys": missing_keys}, fetch=True)]
+        existing = {key: job_id for job_id, key in rows}
     return [EnqueueResult(job_id, True) if job_id in inserted
             else EnqueueResult(existing[spec.idempotency_key], False)
             for spec, job_id in zip(specs, ids)]
