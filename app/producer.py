@@ -15,7 +15,8 @@ from typing import Any, Awaitable
 
 from psycopg import AsyncConnection
 
-from qforge.commands.enqueue import enqueue_plan
+from qforge import tracing
+from qforge.commands.enqueue import enqueue_plan, span_attributes
 from qforge.commands.plan import run, run_async
 from qforge.commands.specs import JobSpec, WorkflowSpec, parse_spec
 from qforge.commands.workflows import submit_plan
@@ -35,7 +36,9 @@ def enqueue(conn, task: str, payload: dict[str, Any] | None = None,
     spec = _job_spec(task, payload, options)
     if isinstance(conn, AsyncConnection):
         return _enqueue_async(conn, spec)
-    [outcome] = run(conn, enqueue_plan([spec], actor=ACTOR), own_transaction=False)
+    with tracing.enqueue_span(**span_attributes([spec])) as traced:
+        [outcome] = run(conn, enqueue_plan([spec], actor=ACTOR, trace=traced.carrier), own_transaction=False)
+        traced.set(job_id=outcome.id)
     return outcome.id
 
 
@@ -59,7 +62,10 @@ async def submit_async(conn: AsyncConnection, workflow: WorkflowSpec | dict[str,
 
 
 async def _enqueue_async(conn: AsyncConnection, spec: JobSpec) -> uuid.UUID:
-    [outcome] = await run_async(conn, enqueue_plan([spec], actor=ACTOR), own_transaction=False)
+    with tracing.enqueue_span(**span_attributes([spec])) as traced:
+        [outcome] = await run_async(conn, enqueue_plan([spec], actor=ACTOR, trace=traced.carrier),
+                                    own_transaction=False)
+        traced.set(job_id=outcome.id)
     return outcome.id
 
 

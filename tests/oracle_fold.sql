@@ -42,6 +42,7 @@ BEGIN
         s.condition := d -> 'when';
         s.on_failure := d ->> 'on_failure';
         s.sleep_seconds := (d ->> 'seconds')::double precision;
+        s.trace := d -> 'trace';
         s.created_at := e.occurred_at;
         IF s.status = 'waiting' THEN
             s.started_at := e.occurred_at;

@@ -12,6 +12,7 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from qforge import tracing
 from qforge.api import compat, dashboard_states, errors, events, executions, jobs, operations, workflows
 from qforge.api.auth import require_token
 from qforge.api.deps import Resources
@@ -101,6 +102,7 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
                      "`{\"items\", \"next\"}`; histories are `{\"events\"}`."),
     )
     app.state.resources = resources
+    tracing.instrument(app)  # server spans, when this process traces (qforge api configures it)
     app.state.metrics = make_registry(resources)
     errors.install(app)
 

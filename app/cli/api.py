@@ -7,6 +7,7 @@ import argparse
 import psycopg
 import uvicorn
 
+from qforge import tracing
 from qforge.api.app import create_app
 from qforge.cli.common import complain, database_url
 from qforge.db import connect, stop_embedded
@@ -26,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     for name in applied:
         print(f"applied {name}", flush=True)
+    tracing.configure("qforge-api")  # from OTEL_* variables, when set
     try:
         config = uvicorn.Config(create_app(url), host=args.host, port=args.port,
                                 log_level="info", timeout_graceful_shutdown=5)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from qforge import tracing
 from qforge.commands.plan import Plan, Statement, run
 from qforge.commands.specs import JobSpec
 from qforge.events.ids import new_ids
@@ -37,7 +38,7 @@ _DEFAULTS = {name: field.get_default(call_default_factory=True)
 _SPEC_FIELDS = ("queue", "priority", "max_retries", "payload", "timeout_seconds", "idempotency_key")
 
 
-def enqueued_data(spec: JobSpec, now: datetime) -> dict[str, Any]:
+def enqueued_data(spec: JobSpec, now: datetime, trace: dict[str, str] | None = None) -> dict[str, Any]:
     """The Enqueued event's data of a plain job, as stored: JSON-ready, fields at their
     defaults left out. Built straight from the validated spec, without a model round trip
     (this is enqueue's hot path); a test checks it is what Enqueued(...) dumps."""
@@ -49,6 +50,8 @@ def enqueued_data(spec: JobSpec, now: datetime) -> dict[str, Any]:
     run_at = run_at_of(spec, now)
     if run_at is not None:
         data["run_at"] = run_at.isoformat()
+    if trace:
+        data["trace"] = trace
     return data
 
 
@@ -61,13 +64,24 @@ PART = 250
 def enqueue(conn, specs: list[JobSpec], *, actor: str = "api",
             now: datetime | None = None) -> list[EnqueueResult]:
     """Enqueue jobs, atomically; a repeated idempotency_key returns the existing job."""
-    return run(conn, enqueue_plan(specs, actor=actor, now=now))
+    with tracing.enqueue_span(**span_attributes(specs)) as traced:
+        results = run(conn, enqueue_plan(specs, actor=actor, now=now, trace=traced.carrier))
+        if len(results) == 1:
+            traced.set(job_id=results[0].id)
+    return results
 
 
-def enqueue_plan(specs: list[JobSpec], *, actor: str = "api",
-                 now: datetime | None = None) -> Plan[list[EnqueueResult]]:
+def span_attributes(specs: list[JobSpec]) -> dict[str, Any]:
+    """The qforge.enqueue span's attributes: task and queue when the batch has one of each."""
+    tasks, queues = {spec.task for spec in specs}, {spec.queue for spec in specs}
+    return {"task": next(iter(tasks)) if len(tasks) == 1 else None,
+            "queue": next(iter(queues)) if len(queues) == 1 else None, "count": len(specs)}
+
+
+def enqueue_plan(specs: list[JobSpec], *, actor: str = "api", now: datetime | None = None,
+                 trace: dict[str, str] | None = None) -> Plan[list[EnqueueResult]]:
     """enqueue() as a plan (qforge.commands.plan), so qforge.enqueue can run it in the caller's
-    transaction, sync or async."""
+    transaction, sync or async. `trace`: the enqueuer's trace context, stored in every job."""
     if not specs:
         return []
     clock = now or datetime.now(timezone.utc)
@@ -75,7 +89,7 @@ def enqueue_plan(specs: list[JobSpec], *, actor: str = "api",
     keyed = any(spec.idempotency_key is not None for spec in specs)
     query = q("job_enqueue_keyed" if keyed else "job_enqueue")
     parts = [range(start, min(start + PART, len(specs))) for start in range(0, len(specs), PART)]
-    statements = (Statement(query, {"jobs": json.dumps([job_row(ids[i], enqueued_data(specs[i], clock),
+    statements = (Statement(query, {"jobs": json.dumps([job_row(ids[i], enqueued_data(specs[i], clock, trace),
                                                                 specs[i].tags) for i in part]),
                                     "actor": actor, "now": now}, fetch=keyed)
                   for part in parts)

@@ -55,6 +55,8 @@ class Enqueued(EventData):
     when: dict[str, Any] | None = None
     on_failure: str | None = None
     seconds: float | None = None
+    # The enqueuer's trace context (W3C traceparent/tracestate): the worker's run span joins it.
+    trace: dict[str, str] | None = None
 
 
 class StepUnblocked(EventData):

@@ -55,7 +55,7 @@ WITH picked AS (
       FROM unnest(%(queues)s::text[]) AS q(queue)
      CROSS JOIN LATERAL (
             SELECT j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
-                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain,
+                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain, j.trace,
                    jsonb_build_object('attempt', j.attempts + 1) AS data
               FROM jobs j
              WHERE j.status = 'pending' AND j.queue = q.queue
@@ -76,7 +76,7 @@ WITH picked AS (
       FROM picked p, clock c
 )
 SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_seconds,
-       p.workflow_id, p.step, p.tags
+       p.workflow_id, p.step, p.tags, p.trace
   FROM picked p
 
 -- name: job_heartbeat
