@@ -13,7 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qforge import tracing
-from qforge.api import compat, dashboard_states, errors, events, executions, jobs, operations, workflows
+from qforge.api import compat, dashboard_states, errors, events, executions, jobs, operations, stats, workflows
 from qforge.api.auth import require_token
 from qforge.api.deps import Resources
 from qforge.api.errors import error_response
@@ -108,7 +108,7 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
 
     protected = [Depends(require_token)]
     for router in (jobs.router, workflows.router, compat.router, events.router,
-                   executions.router, operations.router):
+                   executions.router, operations.router, stats.router):
         app.include_router(router, dependencies=protected)
     app.include_router(operations.health_router)
 
