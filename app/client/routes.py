@@ -16,9 +16,10 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from qforge.api import models
-from qforge.client.errors import Invalid
+from qforge.client.errors import Invalid, JobFailed
 from qforge.commands import errors
 from qforge.commands.specs import JobSpec, WorkflowSpec, parse_spec
+from qforge.events.states import JOB_FINISHED, SUCCEEDED
 
 
 @dataclass(frozen=True)
@@ -149,9 +150,6 @@ class Routes:
 
 def job_outcome(job: Any) -> tuple[bool, Any]:
     """wait()'s reading of a job: (finished, result); raises JobFailed when it ended badly."""
-    from qforge.client.errors import JobFailed
-    from qforge.events.states import JOB_FINISHED, SUCCEEDED
-
     if job.status == SUCCEEDED:
         return True, job.result
     if job.status in JOB_FINISHED:
