@@ -39,6 +39,7 @@ def test_overview_charts_show_the_last_minutes(dashboard: Dashboard, api: httpx.
     expect(page.locator("#chart-depth .legend")).to_contain_text("default")
     expect(page.locator("#chart-latency path[data-series='p99']")).to_have_attribute("d", re.compile(r"[ML]"))
     expect(page.locator("#overview-totals")).to_contain_text("jobs finished")
+    dashboard.screenshot("overview")
     dashboard.assert_clean()
 
 
@@ -52,6 +53,7 @@ def test_jobs_list_filters_in_the_url_pages_and_updates_live(dashboard: Dashboar
     page.click("#jobs-more")
     expect(page.locator("#jobs-rows tr")).to_have_count(55)
     expect(page.locator("#jobs-more")).to_be_hidden()
+    dashboard.screenshot("jobs")
 
     page.fill("#filter-queue", "")
     page.fill("#filter-tag", f"batch:{batch}")
@@ -123,6 +125,7 @@ def test_workflow_form_shows_every_problem_and_submits(dashboard: Dashboard, api
     error = page.locator("#form-workflow .field-error[data-for=body]")
     expect(error).to_contain_text("cycle")
     expect(error).to_contain_text("z")
+    dashboard.screenshot("new-workflow")
     name = f"form-{uuid.uuid4().hex[:8]}"
     body.fill('{"name": "%s", "steps": [{"step": "a", "task": "echo"}]}' % name)
     page.click("#form-workflow button[type=submit]")

@@ -46,16 +46,20 @@ export function lineChart({ title, series, from, to, unit = "", id }) {
     grid.push(s("text", { x: x(t), y: HEIGHT - 6, class: "axis", "text-anchor": i === 0 ? "start" : i === 3 ? "end" : "middle" },
       clockLabel(t)));
   }
-  const lines = series.map((one, index) => {
+  const lines = series.flatMap((one, index) => {
     const colour = one.colour || PALETTE[index % PALETTE.length];
     let d = "";
     let pen = "M";
-    for (const [t, v] of one.points) {
-      if (v == null) { pen = "M"; continue; }
+    const dots = []; // a point with no neighbour draws no line: show it as a dot
+    one.points.forEach(([t, v], i) => {
+      if (v == null) { pen = "M"; return; }
       d += `${pen}${x(t).toFixed(1)},${y(v).toFixed(1)} `;
       pen = "L";
-    }
-    return s("path", { d: d.trim() || "M0,0", stroke: colour, class: "series", "data-series": one.name });
+      if (one.points[i - 1]?.[1] == null && one.points[i + 1]?.[1] == null) {
+        dots.push(s("circle", { cx: x(t).toFixed(1), cy: y(v).toFixed(1), r: 2.5, fill: colour }));
+      }
+    });
+    return [s("path", { d: d.trim() || "M0,0", stroke: colour, class: "series", "data-series": one.name }), ...dots];
   });
   const legend = h("ul", { class: "legend" }, series.map((one, index) => h("li", null,
     h("span", { class: "swatch", style: `background:${one.colour || PALETTE[index % PALETTE.length]}` }),
