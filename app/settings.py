@@ -1,4 +1,4 @@
-"""Runtime settings, read from ``QFORGE_*`` environment variables."""
+"""Runtime settings, read from ``QFORGE_*`` environment variables and a ``.env`` file (the environment wins)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     """Every knob QForge reads from the environment (``QFORGE_<NAME>``)."""
 
-    model_config = SettingsConfigDict(env_prefix="QFORGE_", extra="ignore")
+    # .env in the working directory, as twelve-factor tools read it; a variable set in the
+    # environment overrides the file (pydantic-settings' order), and keys without the
+    # QFORGE_ prefix are other programs' business.
+    model_config = SettingsConfigDict(env_prefix="QFORGE_", extra="ignore",
+                                      env_file=".env", env_file_encoding="utf-8")
 
     # External PostgreSQL; None means the embedded server under data_dir/pgdata.
     database_url: str | None = None

@@ -22,6 +22,7 @@ import psycopg
 from psycopg import sql
 
 from common import CpuWindow, parse_result, percentile, read_latency_files, with_database
+from qforge.cli.progress import Progress
 
 BENCH_DIR = Path(__file__).resolve().parent
 POLL_START_SECONDS = 0.005  # the "started" probes are single index lookups
@@ -135,11 +136,18 @@ class Bench:
                 started = time.perf_counter()
                 cpu = CpuWindow({"workers": self._worker_pids(workers),
                                  "postgres": self._server_pids(probe, system.database)})
-                while probe.execute(system.busy_sql).fetchone()[0]:
-                    self._check_alive(system, workers)
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{system.name}: drain not finished in {timeout}s")
-                    time.sleep(POLL_END_SECONDS)
+                # Progress on stderr from the log's high-water mark (one index probe a second,
+                # so the reporting costs the measured systems nothing noticeable).
+                with Progress(f"{system.name} drain", unit="log entries") as shown:
+                    reported = time.monotonic()
+                    while probe.execute(system.busy_sql).fetchone()[0]:
+                        self._check_alive(system, workers)
+                        if time.monotonic() > deadline:
+                            raise TimeoutError(f"{system.name}: drain not finished in {timeout}s")
+                        if time.monotonic() - reported >= 1.0:
+                            shown.update(probe.execute(system.progress_sql).fetchone()[0] - baseline)
+                            reported = time.monotonic()
+                        time.sleep(POLL_END_SECONDS)
                 elapsed = time.perf_counter() - started
                 used = cpu.stop(late={"workers": self._worker_pids(workers),
                                       "postgres": self._server_pids(probe, system.database)})

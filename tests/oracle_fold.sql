@@ -45,6 +45,7 @@ BEGIN
         s.concurrency_key := d ->> 'concurrency_key';
         s.concurrency_limit := (d ->> 'concurrency_limit')::integer;
         s.fairness_key := d ->> 'fairness_key';
+        s.trace := d -> 'trace';
         s.created_at := e.occurred_at;
         IF s.status = 'waiting' THEN
             s.started_at := e.occurred_at;

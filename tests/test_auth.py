@@ -37,7 +37,7 @@ ROUTES: list[tuple[str, str, str]] = [
     ("GET", "/executions", "read"), ("GET", "/queues", "read"), ("GET", "/workers", "read"),
     ("GET", "/metrics", "read"), ("GET", "/docs", "read"), ("GET", "/openapi.json", "read"),
     ("GET", "/tokens", "admin"), ("POST", "/tokens", "admin"), ("DELETE", "/tokens/nobody", "admin"),
-    ("PUT", "/queues/nobody", "admin"),
+    ("PUT", "/queues/nobody", "admin"), ("GET", "/stats/recent", "read"),
     ("GET", "/schedules", "read"), ("GET", "/schedules/nobody", "read"), ("GET", "/schedules/nobody/events", "read"),
     ("POST", "/schedules", "admin"), ("PATCH", "/schedules/nobody", "admin"), ("DELETE", "/schedules/nobody", "admin"),
 ]

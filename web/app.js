@@ -9,14 +9,21 @@ import { mountWorkflow } from "./js/workflow.js";
 import { mountQueues } from "./js/queues.js";
 import { mountWorkers } from "./js/workers.js";
 import { mountSchedules } from "./js/schedules.js";
+import { mountOverview } from "./js/overview.js";
+import { mountList } from "./js/lists.js";
+import { mountNew } from "./js/forms.js";
 
 // [pattern, nav section, mount(container, params, ...captures)]
 const ROUTES = [
   [/^\/?$/, "timeline", (el, params) => mountTimeline(el, params)],
   [/^\/timeline$/, "timeline", (el, params) => mountTimeline(el, params)],
+  [/^\/overview$/, "overview", (el) => mountOverview(el)],
+  [/^\/jobs$/, "jobs", (el, params) => mountList(el, params, "jobs")],
+  [/^\/workflows$/, "workflows", (el, params) => mountList(el, params, "workflows")],
+  [/^\/new$/, "new", (el, params) => mountNew(el, params)],
   [/^\/search$/, "search", (el, params) => mountSearch(el, params)],
-  [/^\/jobs\/([^/]+)$/, "timeline", (el, params, id) => mountJob(el, id)],
-  [/^\/workflows\/([^/]+)$/, "timeline", (el, params, id) => mountWorkflow(el, id)],
+  [/^\/jobs\/([^/]+)$/, "jobs", (el, params, id) => mountJob(el, id)],
+  [/^\/workflows\/([^/]+)$/, "workflows", (el, params, id) => mountWorkflow(el, id)],
   [/^\/queues$/, "queues", (el) => mountQueues(el)],
   [/^\/workers$/, "workers", (el) => mountWorkers(el)],
   [/^\/schedules$/, "schedules", (el) => mountSchedules(el)],

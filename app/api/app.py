@@ -13,8 +13,9 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from qforge import tracing
 from qforge.api import (compat, dashboard_states, errors, events, executions, jobs, operations, queues,
-                        schedules, tokens, workflows)
+                        schedules, stats, tokens, workflows)
 from qforge.api.auth import authorize, refuse_unguarded
 from qforge.api.consistency import WriteLsnHeaders
 from qforge.api.deps import Resources
@@ -148,12 +149,14 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
                      "`{\"items\", \"next\"}`; histories are `{\"events\"}`."),
     )
     app.state.resources = resources
+    tracing.instrument(app)  # server spans, when this process traces (qforge api configures it)
     app.state.metrics = make_registry(resources)
     errors.install(app)
 
     protected = [Depends(authorize)]
     for router in (jobs.router, workflows.router, compat.router, events.router,
-                   executions.router, operations.router, tokens.router, queues.router, schedules.router):
+                   executions.router, operations.router, tokens.router, queues.router, schedules.router,
+                   stats.router):
         app.include_router(router, dependencies=protected)
     app.include_router(operations.health_router)
 

@@ -57,6 +57,9 @@ def module() -> str:
     statuses = [s for s in ORDER if s in states.statuses("job") | states.statuses("workflow")]
     parts = {
         "STATUSES": statuses,
+        # The status filters of the Jobs and Workflows lists offer exactly these.
+        "JOB_STATUSES": [s for s in statuses if s in states.statuses("job")],
+        "WORKFLOW_STATUSES": [s for s in statuses if s in states.statuses("workflow")],
         "COLOURS": {s: COLOURS[s] for s in statuses},
         "EVENT_STATUS": event_status(),
         "EVENT_TYPES": sorted(ev.EVENT_TYPES),

@@ -47,11 +47,12 @@ def create_workflow(body: WorkflowSpec, conn: Conn, response: Response, actor: A
 @router.get("/workflows", response_model=WorkflowList, responses=ERRORS)
 def list_workflows(conn: ReadConn, status: Annotated[WorkflowStatus | None, Query()] = None,
                    tag: tag_query = None, limit: limit_query = 50,
-                   cursor: Annotated[str | None, Query(max_length=500)] = None) -> dict:
-    """Workflows, newest first, with how many steps are in each status."""
+                   cursor: Annotated[str | None, Query(max_length=500)] = None,
+                   name: Annotated[str | None, Query(max_length=200)] = None) -> dict:
+    """Workflows, newest first, with how many steps are in each status; filters: status, name, tags."""
     with bad_query():
         items, next_cursor = workflows_view.list_workflows(
-            conn, status=status, tags=tags_of(tag), limit=limit, cursor=cursor)
+            conn, status=status, tags=tags_of(tag), limit=limit, cursor=cursor, name=name)
     return {"items": items, "next": next_cursor}
 
 

@@ -14,6 +14,7 @@ import socket
 import psycopg
 import uvicorn
 
+from qforge import tracing
 from qforge.api.app import create_app
 from qforge.cli.common import complain, configure_logging, database_url
 from qforge.commands.tokens import tokens_exist
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     for name in applied:
         print(f"applied {name}", flush=True)
+    tracing.configure("qforge-api")  # from OTEL_* variables, when set
     if not protected:
         if args.insecure_no_auth:
             complain("api", "WARNING: --insecure-no-auth: no token exists, so anyone who reaches"

@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 
+from qforge import tracing
 from qforge.cli.common import configure_logging, database_url, wait_for_schema
 from qforge.settings import get_settings
 from qforge.workers.monitor import Monitor
@@ -18,6 +19,7 @@ def run(args: argparse.Namespace) -> int:
     url = database_url("monitor", args.database_url)
     if url is None or not wait_for_schema("monitor", url):
         return 1
+    tracing.configure("qforge-monitor")  # from OTEL_* variables, when set
     monitor = Monitor(url, name=f"{socket.gethostname()}-{os.getpid()}", settings=settings)
     signal.signal(signal.SIGTERM, monitor.stop)
     signal.signal(signal.SIGINT, monitor.stop)

@@ -9,7 +9,7 @@ from datetime import datetime
 
 import psycopg
 
-from qforge.cli.progress import ProgressPrinter
+from qforge.cli.progress import Progress
 from qforge.db import EmbeddedPostgresError, connect, resolve_database_url
 from qforge.projections.replay import (SCRATCH_SCHEMA, ReplayError, position_at, rebuild, replay,
                                        status_counts, verify_report)
@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _cli_verify(conn, archive) -> int:
-    report = verify_report(conn, progress=ProgressPrinter("verify"), archive=archive)
+    with Progress("verify", unit="events") as progress:
+        report = verify_report(conn, progress=progress, archive=archive)
     for difference in report.differences:
         print(difference.describe())
     tables = sorted({d.table for d in report.differences})
@@ -67,8 +68,9 @@ def _cli_verify(conn, archive) -> int:
 
 def _cli_as_of(conn, as_of: int | None, as_of_time: datetime | None, url: str, archive) -> int:
     position = as_of if as_of is not None else position_at(conn, as_of_time)
-    stats = rebuild(conn, SCRATCH_SCHEMA, position, progress=ProgressPrinter("replay"), url=url,
-                    parallel=FOLDERS, archive=archive)
+    with Progress("replay", unit="events") as progress:
+        stats = rebuild(conn, SCRATCH_SCHEMA, position, progress=progress, url=url, parallel=FOLDERS,
+                        archive=archive)
     moment = f" (time {as_of_time.isoformat()})" if as_of_time is not None else ""
     print(f"state as of position {position}{moment}: {stats.events:,} events folded in"
           f" {stats.seconds:.1f} s into schema {stats.schema}"
@@ -80,8 +82,9 @@ def _cli_as_of(conn, as_of: int | None, as_of_time: datetime | None, url: str, a
 
 
 def _cli_replay(conn, url: str, archive) -> int:
-    built, swapped = replay(conn, SCRATCH_SCHEMA, progress=ProgressPrinter("replay"), url=url, parallel=FOLDERS,
-                            archive=archive)
+    with Progress("replay", unit="events") as progress:
+        built, swapped = replay(conn, SCRATCH_SCHEMA, progress=progress, url=url, parallel=FOLDERS,
+                                archive=archive)
     print(f"rebuilt {built.events:,} events up to position {built.last_position} in"
           f" {built.seconds:.1f} s ({built.events_per_second:,.0f} events/s) into schema"
           f" {built.schema}")

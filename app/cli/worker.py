@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+from qforge import tracing
 from qforge.cli import split_csv
 from qforge.cli.common import complain, configure_logging, database_url, wait_for_schema
 from qforge.settings import get_settings
@@ -22,6 +23,7 @@ log = logging.getLogger("qforge.worker")
 def run(args: argparse.Namespace) -> int:
     settings = get_settings()
     configure_logging(settings)
+    tracing.configure("qforge-worker")  # from OTEL_* variables, when set
     queues = list(dict.fromkeys(split_csv(args.queues))) or ["default"]  # a queue named twice would claim twice
     if args.concurrency < 1:
         complain("worker", "--concurrency must be at least 1")

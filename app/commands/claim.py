@@ -22,6 +22,7 @@ class ClaimedJob:
     workflow_id: UUID | None
     step: str | None
     tags: dict[str, str]
+    trace: dict[str, str] | None = None  # the enqueuer's trace context, for the run span
 
 
 def claim(conn, queues: list[str], limit: int, worker: str, *,

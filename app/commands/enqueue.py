@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from psycopg.rows import tuple_row
-
+from qforge import tracing
+from qforge.commands.plan import Plan, Statement, run
 from qforge.commands.specs import JobSpec
 from qforge.events.ids import new_ids
 from qforge.events.types import Enqueued
@@ -40,7 +39,7 @@ _SPEC_FIELDS = ("queue", "priority", "max_retries", "payload", "timeout_seconds"
                 "concurrency_key", "concurrency_limit", "fairness_key")
 
 
-def enqueued_data(spec: JobSpec, now: datetime) -> dict[str, Any]:
+def enqueued_data(spec: JobSpec, now: datetime, trace: dict[str, str] | None = None) -> dict[str, Any]:
     """The Enqueued event's data of a plain job, as stored: JSON-ready, fields at their
     defaults left out. Built straight from the validated spec, without a model round trip
     (this is enqueue's hot path); a test checks it is what Enqueued(...) dumps."""
@@ -52,6 +51,8 @@ def enqueued_data(spec: JobSpec, now: datetime) -> dict[str, Any]:
     run_at = run_at_of(spec, now)
     if run_at is not None:
         data["run_at"] = run_at.isoformat()
+    if trace:
+        data["trace"] = trace
     return data
 
 
@@ -64,6 +65,24 @@ PART = 250
 def enqueue(conn, specs: list[JobSpec], *, actor: str = "api",
             now: datetime | None = None) -> list[EnqueueResult]:
     """Enqueue jobs, atomically; a repeated idempotency_key returns the existing job."""
+    with tracing.enqueue_span(**span_attributes(specs)) as traced:
+        results = run(conn, enqueue_plan(specs, actor=actor, now=now, trace=traced.carrier))
+        if len(results) == 1:
+            traced.set(job_id=results[0].id)
+    return results
+
+
+def span_attributes(specs: list[JobSpec]) -> dict[str, Any]:
+    """The qforge.enqueue span's attributes: task and queue when the batch has one of each."""
+    tasks, queues = {spec.task for spec in specs}, {spec.queue for spec in specs}
+    return {"task": next(iter(tasks)) if len(tasks) == 1 else None,
+            "queue": next(iter(queues)) if len(queues) == 1 else None, "count": len(specs)}
+
+
+def enqueue_plan(specs: list[JobSpec], *, actor: str = "api", now: datetime | None = None,
+                 trace: dict[str, str] | None = None) -> Plan[list[EnqueueResult]]:
+    """enqueue() as a plan (qforge.commands.plan), so qforge.enqueue can run it in the caller's
+    transaction, sync or async. `trace`: the enqueuer's trace context, stored in every job."""
     if not specs:
         return []
     clock = now or datetime.now(timezone.utc)
@@ -71,24 +90,21 @@ def enqueue(conn, specs: list[JobSpec], *, actor: str = "api",
     keyed = any(spec.idempotency_key is not None for spec in specs)
     query = q("job_enqueue_keyed" if keyed else "job_enqueue")
     parts = [range(start, min(start + PART, len(specs))) for start in range(0, len(specs), PART)]
-    with conn.transaction():
-        with conn.pipeline() if len(parts) > 1 else contextlib.nullcontext():
-            cursors = []
-            for part in parts:
-                rows = [job_row(ids[i], enqueued_data(specs[i], clock), specs[i].tags) for i in part]
-                cur = conn.cursor(row_factory=tuple_row)
-                cur.execute(query, {"jobs": json.dumps(rows), "actor": actor, "now": now})
-                cursors.append(cur)
-        if not keyed:  # nothing can conflict: every job is new (no RETURNING to read)
-            return [EnqueueResult(job_id, True) for job_id in ids]
-        inserted = {row[0] for cur in cursors for row in cur.fetchall()}
-        missing_keys = [spec.idempotency_key for spec, job_id in zip(specs, ids) if job_id not in inserted]
-        existing: dict[str, uuid.UUID] = {}
-        if missing_keys:
-            # ON CONFLICT waited for the other writer, so its job is visible now.
-            with conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute(q("job_ids_by_idempotency_key"), {"keys": missing_keys})
-                existing = {key: job_id for job_id, key in cur.fetchall()}
+    statements = (Statement(query, {"jobs": json.dumps([job_row(ids[i], enqueued_data(specs[i], clock, trace),
+                                                                specs[i].tags) for i in part]),
+                                    "actor": actor, "now": now}, fetch=keyed)
+                  for part in parts)
+    # Lazy when there are several parts: each is built while the database folds the one before.
+    results = yield list(statements) if len(parts) == 1 else statements
+    if not keyed:  # nothing can conflict: every job is new (no RETURNING to read)
+        return [EnqueueResult(job_id, True) for job_id in ids]
+    inserted = {row[0] for rows in results for row in rows}
+    missing_keys = [spec.idempotency_key for spec, job_id in zip(specs, ids) if job_id not in inserted]
+    existing: dict[str, uuid.UUID] = {}
+    if missing_keys:
+        # ON CONFLICT waited for the other writer, so its job is visible now.
+        [rows] = yield [Statement(q("job_ids_by_idempotency_key"), {"keys": missing_keys}, fetch=True)]
+        existing = {key: job_id for job_id, key in rows}
     return [EnqueueResult(job_id, True) if job_id in inserted
             else EnqueueResult(existing[spec.idempotency_key], False)
             for spec, job_id in zip(specs, ids)]

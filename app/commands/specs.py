@@ -180,3 +180,21 @@ class WorkflowSpec(Storable):
     def problems(self) -> list[str]:
         """Every problem of the graph (empty: it may be stored)."""
         return dag.validate([step.definition() for step in self.steps])
+
+
+def parse_spec(model: type[BaseModel], data: Any) -> Any:
+    """`data` validated by `model` (JobSpec, WorkflowSpec...), or Invalid with one
+    {"field", "message"} detail per problem: how the SDK and qforge.enqueue refuse bad input
+    before anything is sent."""
+    from pydantic import ValidationError
+
+    from qforge.commands.errors import Invalid
+
+    if isinstance(data, model):
+        return data
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        details = [{"field": ".".join(str(p) for p in error["loc"]) or "body", "message": error["msg"]}
+                   for error in exc.errors()]
+        raise Invalid("; ".join(f"{d['field']}: {d['message']}" for d in details), details) from None

@@ -13,6 +13,7 @@ from qforge.commands import dag
 from qforge.commands.advance import advance, load, wait_until
 from qforge.commands.enqueue import job_row
 from qforge.commands.errors import Conflict, Invalid, NotFound
+from qforge.commands.plan import Plan, Statement, run
 from qforge.commands.specs import StepSpec, WorkflowSpec
 from qforge.events import store
 from qforge.events import types as ev
@@ -41,6 +42,12 @@ def submit(conn, spec: WorkflowSpec, *, actor: str = "api", now: datetime | None
 
     `external_id` is the id another system knows the workflow by (the pod
     orchestrator's workflowId)."""
+    return run(conn, submit_plan(spec, actor=actor, now=now, external_id=external_id))
+
+
+def submit_plan(spec: WorkflowSpec, *, actor: str = "api", now: datetime | None = None,
+                external_id: str | None = None) -> Plan[tuple[uuid.UUID, bool]]:
+    """submit() as a plan (qforge.commands.plan), for qforge.submit in the caller's transaction."""
     problems = spec.problems()
     if problems:
         raise Invalid("invalid workflow: " + "; ".join(problems), problems)
@@ -50,16 +57,16 @@ def submit(conn, spec: WorkflowSpec, *, actor: str = "api", now: datetime | None
     submitted = ev.WorkflowSubmitted(
         name=spec.name, idempotency_key=spec.idempotency_key, external_id=external_id,
         steps=[s.model_dump(mode="json", by_alias=True, exclude_none=True) for s in spec.steps])
-    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(q("workflow_submit"), {
-            "id": workflow_id, "data": json.dumps(submitted.model_dump(mode="json", exclude_none=True)),
-            "tags": json.dumps(spec.tags), "now": now, "actor": actor})
-        if cur.fetchone() is None:
-            cur.execute(q("workflow_by_idempotency_key"), {"key": spec.idempotency_key})
-            return cur.fetchone()[0], False
-        rows = [job_row(new_id(), _step_data(step, handlers, clock), spec.tags, workflow_id)
-                for step in spec.steps]
-        cur.execute(q("job_enqueue"), {"jobs": json.dumps(rows), "actor": actor, "now": now})
+    [stored] = yield [Statement(q("workflow_submit"), {
+        "id": workflow_id, "data": json.dumps(submitted.model_dump(mode="json", exclude_none=True)),
+        "tags": json.dumps(spec.tags), "now": now, "actor": actor}, fetch=True)]
+    if not stored:
+        [existing] = yield [Statement(q("workflow_by_idempotency_key"), {"key": spec.idempotency_key},
+                                      fetch=True)]
+        return existing[0][0], False
+    rows = [job_row(new_id(), _step_data(step, handlers, clock), spec.tags, workflow_id)
+            for step in spec.steps]
+    yield [Statement(q("job_enqueue"), {"jobs": json.dumps(rows), "actor": actor, "now": now})]
     return workflow_id, True
 
 

@@ -60,6 +60,8 @@ class Enqueued(EventData):
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
     fairness_key: str | None = None
+    # The enqueuer's trace context (W3C traceparent/tracestate): the worker's run span joins it.
+    trace: dict[str, str] | None = None
 
 
 class StepUnblocked(EventData):

@@ -79,9 +79,10 @@ def summaries(conn, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def list_workflows(conn, *, status: str | None = None, tags: list[tuple[str, str]] | None = None,
-                   limit: int = 50, cursor: str | None = None) -> tuple[list[dict], str | None]:
+                   limit: int = 50, cursor: str | None = None,
+                   name: str | None = None) -> tuple[list[dict], str | None]:
     """Newest first; (items, next cursor or None). ValueError for a malformed cursor."""
-    rows, next_cursor = fetch_page(conn, "workflows_list", {"status": status},
+    rows, next_cursor = fetch_page(conn, "workflows_list", {"status": status, "name": name},
                                    tags=tags, limit=limit, cursor=cursor)
     return summaries(conn, rows), next_cursor
 

@@ -90,7 +90,7 @@ WITH RECURSIVE clock AS MATERIALIZED (
       FROM quota qu
      CROSS JOIN LATERAL (
             SELECT j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
-                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain, j.fairness_key
+                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain, j.fairness_key, j.trace
               FROM jobs j
              WHERE j.status = 'pending' AND j.queue = qu.queue
                AND j.concurrency_key IS NULL AND j.fairness_key IS NULL
@@ -129,7 +129,7 @@ WITH RECURSIVE clock AS MATERIALIZED (
       FROM slots s
      CROSS JOIN LATERAL (
             SELECT j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
-                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain, j.fairness_key
+                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain, j.fairness_key, j.trace
               FROM jobs j
              WHERE j.status = 'pending' AND j.concurrency_key = s.key
                AND j.queue IN (SELECT queue FROM quota WHERE allowed > 0)
@@ -160,7 +160,7 @@ WITH RECURSIVE clock AS MATERIALIZED (
       JOIN quota qu ON qu.queue = t.queue
      CROSS JOIN LATERAL (
             SELECT j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
-                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain, j.fairness_key
+                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain, j.fairness_key, j.trace
               FROM jobs j
              WHERE j.status = 'pending' AND j.queue = t.queue AND j.fairness_key = t.key
                AND j.concurrency_key IS NULL
@@ -201,7 +201,7 @@ WITH RECURSIVE clock AS MATERIALIZED (
      WHERE b.queue = k.queue
 )
 SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_seconds,
-       p.workflow_id, p.step, p.tags
+       p.workflow_id, p.step, p.tags, p.trace
   FROM picked p
  ORDER BY p.priority DESC, p.turn, p.run_at, p.id
 

@@ -23,6 +23,7 @@ SELECT j.* FROM jobs j
 SELECT w.id, w.name, w.status, w.tags, w.error, w.created_at, w.updated_at, w.finished_at
   FROM workflows w
  WHERE (%(status)s::text IS NULL OR w.status = %(status)s)
+   AND (%(name)s::text IS NULL OR w.name = %(name)s)
    AND (%(tag_key)s::text IS NULL OR (
             w.id IN (SELECT t.id FROM execution_tags t
                       WHERE t.key = %(tag_key)s AND t.value = %(tag_value)s

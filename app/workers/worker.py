@@ -31,6 +31,7 @@ from uuid import UUID
 import psycopg
 from psycopg import sql
 
+from qforge import tracing
 from qforge.commands import report, workers
 from qforge.commands.claim import ClaimedJob, claim
 from qforge.commands.report import Outcome, Report
@@ -233,7 +234,9 @@ class Worker:
         job = run.job
         ok = False
         try:
-            outcome: Report | None = reporting.succeeded(job, await self._execute(job))
+            with tracing.run_span(job):
+                result = await self._execute(job)
+            outcome: Report | None = reporting.succeeded(job, result)
             ok = True
         except asyncio.CancelledError:
             outcome = None  # stopped by this worker (cancelled, superseded or shutdown): nothing to report

@@ -44,7 +44,7 @@ BEGIN
                       run_at, timeout_seconds, payload, result, last_error, tags, idempotency_key,
                       workflow_id, step, step_type, depends_on, condition, on_failure, sleep_seconds,
                       worker, heartbeat_at, started_at, finished_at, created_at, updated_at,
-                      last_position, chain, concurrency_key, concurrency_limit, fairness_key)
+                      last_position, chain, concurrency_key, concurrency_limit, fairness_key, trace)
     SELECT e.stream_id, e.version, e.d ->> 'task', coalesce(e.d ->> 'queue', 'default'), s.status,
            coalesce((e.d ->> 'priority')::integer, 0), 0, 0, coalesce((e.d ->> 'max_retries')::integer, 3),
            coalesce((e.d ->> 'run_at')::timestamptz, e.occurred_at), (e.d ->> 'timeout_seconds')::float8,
@@ -53,7 +53,7 @@ BEGIN
            e.d ->> 'on_failure', (e.d ->> 'seconds')::float8,
            NULL, NULL, CASE WHEN s.status = 'waiting' THEN e.occurred_at END, NULL,
            e.occurred_at, e.occurred_at, e.position, e.hash,
-           e.d ->> 'concurrency_key', (e.d ->> 'concurrency_limit')::integer, e.d ->> 'fairness_key'
+           e.d ->> 'concurrency_key', (e.d ->> 'concurrency_limit')::integer, e.d ->> 'fairness_key', e.d -> 'trace'
       FROM (SELECT x.*, event_upcast_data(x.type, x.schema_version, x.data) AS d
               FROM new_events x
              WHERE x.stream_type = 'job' AND x.version = 1

@@ -1,0 +1,157 @@
+"""The API's routes as methods, written once for Client and AsyncClient.
+
+Each method describes its request (a Call: method, path, query, body and how to
+read the answer) and hands it to `self._call`, which the sync client runs at once
+and the async client returns as an awaitable. Answers are parsed with the API's
+own models (qforge.api.models) and bodies validated with the commands' specs, so
+there is no second copy of either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+from uuid import UUID
+
+from pydantic import BaseModel
+
+from qforge.api import models
+from qforge.client.errors import Invalid, JobFailed
+from qforge.commands import errors
+from qforge.commands.specs import JobSpec, WorkflowSpec, parse_spec
+from qforge.events.states import JOB_FINISHED, SUCCEEDED
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    path: str
+    parse: Callable[[Any], Any]
+    params: list[tuple[str, str]] | None = None
+    body: Any = None
+
+
+def _model(model: type[BaseModel]) -> Callable[[Any], Any]:
+    return model.model_validate
+
+
+def _events(body: Any) -> list[Any]:
+    return [event.root for event in models.EventHistory.model_validate(body).events]
+
+
+def _items(model: type[BaseModel]) -> Callable[[Any], Any]:
+    return lambda body: model.model_validate(body).items
+
+
+def query(**values: Any) -> list[tuple[str, str]]:
+    """Query parameters without the unset ones; tags={"k": "v"} -> tag=k:v (all must match)."""
+    params: list[tuple[str, str]] = []
+    for name, value in values.items():
+        if value is None:
+            continue
+        if name == "tags":
+            params.extend(("tag", f"{key}:{item}") for key, item in value.items())
+        else:
+            params.append((name, str(value)))
+    return params
+
+
+def validated(model: type[BaseModel], data: Any) -> dict[str, Any]:
+    """The JSON body of `data` checked by the API's own model, so bad input fails here, with the
+    same Invalid (422) and details the API would answer."""
+    try:
+        spec = parse_spec(model, data)
+    except errors.Invalid as exc:
+        raise Invalid(422, "invalid", exc.message, exc.details) from None
+    return spec.model_dump(mode="json", exclude_unset=True, by_alias=True)
+
+
+class Routes:
+    """Methods of both clients; `_call` is the one thing each client supplies."""
+
+    def _call(self, call: Call) -> Any:  # pragma: no cover - defined by the clients
+        raise NotImplementedError
+
+    # jobs ------------------------------------------------------------------
+    def enqueue(self, task: str, payload: dict[str, Any] | None = None, **options: Any):
+        """POST /jobs -> JobView. Options: queue, priority, max_retries, run_at, delay_seconds,
+        timeout_seconds, tags, idempotency_key (the same key again returns the existing job)."""
+        body = validated(JobSpec, {"task": task, "payload": payload or {}, **options})
+        return self._call(Call("POST", "/jobs", _model(models.JobView), body=body))
+
+    def get_job(self, job_id: UUID | str):
+        return self._call(Call("GET", f"/jobs/{job_id}", _model(models.JobView)))
+
+    def job_events(self, job_id: UUID | str):
+        """The job's events, oldest first (typed: each is the API's model of its event type)."""
+        return self._call(Call("GET", f"/jobs/{job_id}/events", _events))
+
+    def cancel(self, job_id: UUID | str):
+        return self._call(Call("POST", f"/jobs/{job_id}/cancel", _model(models.JobView)))
+
+    def retry(self, job_id: UUID | str):
+        return self._call(Call("POST", f"/jobs/{job_id}/retry", _model(models.JobView)))
+
+    def list_jobs(self, *, status: str | None = None, queue: str | None = None, task: str | None = None,
+                  tags: dict[str, str] | None = None, limit: int | None = None, cursor: str | None = None):
+        """One page: JobList(items, next); pass `next` as cursor for the following page."""
+        return self._call(Call("GET", "/jobs", _model(models.JobList), params=query(
+            status=status, queue=queue, task=task, tags=tags, limit=limit, cursor=cursor)))
+
+    # workflows -------------------------------------------------------------
+    def submit(self, workflow: WorkflowSpec | dict[str, Any]):
+        """POST /workflows -> WorkflowCreated (id, name, status, steps)."""
+        body = validated(WorkflowSpec, workflow)
+        return self._call(Call("POST", "/workflows", _model(models.WorkflowCreated), body=body))
+
+    def get_workflow(self, workflow_id: UUID | str):
+        return self._call(Call("GET", f"/workflows/{workflow_id}", _model(models.WorkflowView)))
+
+    def workflow_events(self, workflow_id: UUID | str):
+        return self._call(Call("GET", f"/workflows/{workflow_id}/events", _events))
+
+    def cancel_workflow(self, workflow_id: UUID | str):
+        return self._call(Call("POST", f"/workflows/{workflow_id}/cancel", _model(models.WorkflowView)))
+
+    def trigger(self, workflow_id: UUID | str, step: str, payload: dict[str, Any] | None = None):
+        """Complete a waiting wait_for_trigger step; `payload` becomes its output."""
+        body = validated(models.TriggerRequest, {"payload": payload} if payload is not None else {})
+        return self._call(Call("POST", f"/workflows/{workflow_id}/steps/{step}/trigger",
+                               _model(models.WorkflowView), body=body))
+
+    def list_workflows(self, *, status: str | None = None, name: str | None = None,
+                       tags: dict[str, str] | None = None, limit: int | None = None,
+                       cursor: str | None = None):
+        return self._call(Call("GET", "/workflows", _model(models.WorkflowList), params=query(
+            status=status, name=name, tags=tags, limit=limit, cursor=cursor)))
+
+    # search, log, operations -----------------------------------------------
+    def executions(self, tags: dict[str, str], *, limit: int | None = None, cursor: str | None = None):
+        """Jobs and workflows carrying all these tags (ExecutionList, newest first)."""
+        return self._call(Call("GET", "/executions", _model(models.ExecutionList),
+                               params=query(tags=tags, limit=limit, cursor=cursor)))
+
+    def log(self, *, after: str | None = None, limit: int | None = None):
+        """A page of the global log in order: EventPage(events, next)."""
+        def parse(body: Any) -> Any:
+            page = models.EventPage.model_validate(body)
+            return page.model_copy(update={"events": [event.root for event in page.events]})
+        return self._call(Call("GET", "/events", parse, params=query(after=after, limit=limit)))
+
+    def queues(self):
+        return self._call(Call("GET", "/queues", _items(models.QueueList)))
+
+    def workers(self):
+        return self._call(Call("GET", "/workers", _items(models.WorkerList)))
+
+    def health(self):
+        return self._call(Call("GET", "/healthz", _model(models.Health)))
+
+
+def job_outcome(job: Any) -> tuple[bool, Any]:
+    """wait()'s reading of a job: (finished, result); raises JobFailed when it ended badly."""
+    if job.status == SUCCEEDED:
+        return True, job.result
+    if job.status in JOB_FINISHED:
+        raise JobFailed(job)
+    return False, None

@@ -1,0 +1,117 @@
+"""qforge.Client: the HTTP API from Python, blocking (httpx.Client)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+from uuid import UUID
+
+import httpx
+
+from qforge.api import models
+from qforge.client.errors import WaitTimeout, error_of
+from qforge.client.routes import Call, Routes, job_outcome
+from qforge.client.sse import Resume, SseParser
+
+def headers_of(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def answer(call: Call, response: httpx.Response) -> Any:
+    """The parsed body of a 2xx answer; the matching ApiError otherwise."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if response.status_code >= 400:
+        raise error_of(response.status_code, body, response.text)
+    return call.parse(body)
+
+
+class Client(Routes):
+    """`Client("http://127.0.0.1:8090", token=None)`; use as a context manager or call close()."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8090", token: str | None = None, *,
+                 timeout: float = 30.0, http: httpx.Client | None = None):
+        self.base_url = base_url.rstrip("/")
+        self._http = http or httpx.Client(base_url=self.base_url, headers=headers_of(token), timeout=timeout)
+
+    def _call(self, call: Call) -> Any:
+        response = self._http.request(call.method, call.path, params=call.params, json=call.body)
+        return answer(call, response)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def iter_jobs(self, **filters: Any) -> Iterator[models.JobView]:
+        """Every job matching the filters of list_jobs, page after page."""
+        cursor = None
+        while True:
+            page = self.list_jobs(**filters, cursor=cursor)
+            yield from page.items
+            if not page.next:
+                return
+            cursor = page.next
+
+    def iter_workflows(self, **filters: Any) -> Iterator[models.WorkflowSummary]:
+        cursor = None
+        while True:
+            page = self.list_workflows(**filters, cursor=cursor)
+            yield from page.items
+            if not page.next:
+                return
+            cursor = page.next
+
+    def wait(self, job_id: UUID | str, timeout: float = 60.0, *, poll_seconds: float = 0.2) -> Any:
+        """The job's result once it succeeds; JobFailed if it ends dead, cancelled or skipped;
+        WaitTimeout (a TimeoutError) if it is still going after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.get_job(job_id)
+            finished, result = job_outcome(job)
+            if finished:
+                return result
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(job, timeout)
+            time.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))
+
+    def events(self, after: str | None = None, *, retry_seconds: float = 0.5, **filters: Any) -> Iterator[Any]:
+        """The live log (GET /events/stream) as typed events, forever: a dropped connection is
+        resumed from the last event received (Last-Event-ID), so nothing is missed or repeated.
+        `after="0"` replays from the beginning; None starts at the live tail. Filters:
+        workflow_id, job_id, type, tags={"k": "v"}. Each event has `.position`; stop by breaking out."""
+        resume = Resume(after, filters)
+        while True:
+            try:
+                with self._http.stream("GET", "/events/stream", **resume.request(),
+                                       timeout=httpx.Timeout(10.0, read=None)) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        refused(response)
+                    else:
+                        parser = SseParser()
+                        for line in response.iter_lines():
+                            if (found := parser.read(line)) is not None:
+                                resume.received(found[0])
+                                yield found[1]
+            except httpx.TransportError:
+                pass
+            resume.dropped()
+            time.sleep(retry_seconds)
+
+
+def refused(response: httpx.Response) -> None:
+    """A stream request the API refused: raise its error, except 503 (the database is away a
+    moment), which events() retries."""
+    if response.status_code != 503:
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        raise error_of(response.status_code, body, response.text)

@@ -1,0 +1,74 @@
+"""Enqueue from the application's own code, in the application's own transaction.
+
+`qforge.enqueue(conn, "send_email", {...})` on the psycopg connection the
+application already writes its business rows with: the job exists if and only if
+that transaction commits. Given an AsyncConnection, the same call returns an
+awaitable. The statements are the commands' own plans (qforge.commands.plan),
+run without a transaction of their own when the connection is idle and a
+savepoint inside an open one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Awaitable
+
+from psycopg import AsyncConnection
+
+from qforge import tracing
+from qforge.commands.enqueue import enqueue_plan, span_attributes
+from qforge.commands.plan import run, run_async
+from qforge.commands.specs import JobSpec, WorkflowSpec, parse_spec
+from qforge.commands.workflows import submit_plan
+
+ACTOR = "app"  # the events' actor: written by the application, not the API or a worker
+
+
+def _job_spec(task: str, payload: dict[str, Any] | None, options: dict[str, Any]) -> JobSpec:
+    return parse_spec(JobSpec, {"task": task, "payload": payload or {}, **options})
+
+
+def enqueue(conn, task: str, payload: dict[str, Any] | None = None,
+            **options: Any) -> uuid.UUID | Awaitable[uuid.UUID]:
+    """Enqueue a job on the caller's connection and in its transaction; the job's id (with an
+    idempotency_key seen before, the existing job's). Options as POST /jobs: queue, priority,
+    max_retries, run_at, delay_seconds, timeout_seconds, tags, idempotency_key."""
+    spec = _job_spec(task, payload, options)
+    if isinstance(conn, AsyncConnection):
+        return _enqueue_async(conn, spec)
+    with tracing.enqueue_span(**span_attributes([spec])) as traced:
+        [outcome] = run(conn, enqueue_plan([spec], actor=ACTOR, trace=traced.carrier), own_transaction=False)
+        traced.set(job_id=outcome.id)
+    return outcome.id
+
+
+def submit(conn, workflow: WorkflowSpec | dict[str, Any]) -> uuid.UUID | Awaitable[uuid.UUID]:
+    """Submit a workflow (the body of POST /workflows) in the caller's transaction; its id."""
+    spec = parse_spec(WorkflowSpec, workflow)
+    if isinstance(conn, AsyncConnection):
+        return _submit_async(conn, spec)
+    workflow_id, _ = run(conn, submit_plan(spec, actor=ACTOR), own_transaction=False)
+    return workflow_id
+
+
+async def enqueue_async(conn: AsyncConnection, task: str, payload: dict[str, Any] | None = None,
+                        **options: Any) -> uuid.UUID:
+    """enqueue() for an AsyncConnection, spelled out."""
+    return await _enqueue_async(conn, _job_spec(task, payload, options))
+
+
+async def submit_async(conn: AsyncConnection, workflow: WorkflowSpec | dict[str, Any]) -> uuid.UUID:
+    return await _submit_async(conn, parse_spec(WorkflowSpec, workflow))
+
+
+async def _enqueue_async(conn: AsyncConnection, spec: JobSpec) -> uuid.UUID:
+    with tracing.enqueue_span(**span_attributes([spec])) as traced:
+        [outcome] = await run_async(conn, enqueue_plan([spec], actor=ACTOR, trace=traced.carrier),
+                                    own_transaction=False)
+        traced.set(job_id=outcome.id)
+    return outcome.id
+
+
+async def _submit_async(conn: AsyncConnection, spec: WorkflowSpec) -> uuid.UUID:
+    workflow_id, _ = await run_async(conn, submit_plan(spec, actor=ACTOR), own_transaction=False)
+    return workflow_id

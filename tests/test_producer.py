@@ -1,0 +1,105 @@
+"""qforge.enqueue / qforge.submit on the application's own connection: the job exists if and only
+if the application's transaction commits."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import psycopg
+import pytest
+
+import qforge
+from qforge.commands.errors import Invalid
+
+
+def job_count(db_url: str, job_id: uuid.UUID | None = None) -> int:
+    """Seen from another connection: what is committed."""
+    with psycopg.connect(db_url, autocommit=True) as other:
+        if job_id is None:
+            return other.execute("SELECT count(*) FROM jobs").fetchone()[0]
+        return other.execute("SELECT count(*) FROM jobs WHERE id = %s", (job_id,)).fetchone()[0]
+
+
+@pytest.fixture
+def app_db(db_url: str):
+    """The application's connection (psycopg's default: not autocommit) and its own table."""
+    with psycopg.connect(db_url, autocommit=True) as setup:
+        setup.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+    with psycopg.connect(db_url) as conn:
+        yield conn
+
+
+def test_job_commits_with_the_callers_transaction(app_db, db_url):
+    with app_db.transaction():
+        app_db.execute("INSERT INTO orders VALUES (1)")
+        job_id = qforge.enqueue(app_db, "send_email", {"order": 1}, tags={"order": "1"})
+        assert job_count(db_url, job_id) == 0  # not visible before the commit
+    assert job_count(db_url, job_id) == 1
+
+
+def test_rollback_removes_the_job_even_when_enqueue_is_the_first_statement(app_db, db_url):
+    # psycopg's own transaction() would begin AND commit here; the job must wait for the caller.
+    job_id = qforge.enqueue(app_db, "send_email", {"order": 2})
+    app_db.execute("INSERT INTO orders VALUES (2)")
+    app_db.rollback()
+    assert job_count(db_url, job_id) == 0
+    job_id = qforge.enqueue(app_db, "send_email", {"order": 3})
+    app_db.commit()
+    assert job_count(db_url, job_id) == 1
+
+
+def test_exception_inside_the_block_loses_the_job_and_the_business_row(app_db, db_url):
+    with pytest.raises(RuntimeError):
+        with app_db.transaction():
+            app_db.execute("INSERT INTO orders VALUES (4)")
+            qforge.enqueue(app_db, "send_email", {"order": 4})
+            workflow_id = qforge.submit(app_db, {"name": "ship", "steps": [{"step": "a", "task": "echo"}]})
+            raise RuntimeError("payment declined")
+    assert job_count(db_url) == 0
+    with psycopg.connect(db_url) as other:
+        assert other.execute("SELECT count(*) FROM workflows WHERE id = %s", (workflow_id,)).fetchone()[0] == 0
+        assert other.execute("SELECT count(*) FROM orders").fetchone()[0] == 0
+
+
+def test_on_an_autocommit_connection_the_job_commits_at_once(db_url):
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        job_id = qforge.enqueue(conn, "echo")
+    assert job_count(db_url, job_id) == 1
+
+
+def test_bad_input_is_refused_before_sending_and_the_transaction_stays_usable(app_db, db_url):
+    with app_db.transaction():
+        app_db.execute("INSERT INTO orders VALUES (5)")
+        with pytest.raises(Invalid) as bad:
+            qforge.enqueue(app_db, "echo", priority="urgent")
+        assert bad.value.details[0]["field"] == "priority"
+        with pytest.raises(Invalid):  # the graph is checked too, every problem at once
+            qforge.submit(app_db, {"name": "w", "steps": [{"step": "a", "task": "echo", "depends_on": ["x"]}]})
+        job_id = qforge.enqueue(app_db, "echo")
+    assert job_count(db_url, job_id) == 1
+    with psycopg.connect(db_url) as other:
+        assert other.execute("SELECT count(*) FROM orders").fetchone()[0] == 1
+
+
+def test_idempotency_key_returns_the_existing_job(app_db, db_url):
+    with app_db.transaction():
+        first = qforge.enqueue(app_db, "echo", idempotency_key="order-9")
+    with app_db.transaction():
+        again = qforge.enqueue(app_db, "echo", {"other": True}, idempotency_key="order-9")
+    assert again == first and job_count(db_url) == 1
+
+
+def test_async_connection_commit_and_rollback(app_db, db_url):
+    async def main() -> tuple[uuid.UUID, uuid.UUID, uuid.UUID]:
+        async with await psycopg.AsyncConnection.connect(db_url) as conn:
+            async with conn.transaction():
+                kept = await qforge.enqueue(conn, "echo", {"n": 1})
+                workflow_id = await qforge.submit(conn, {"name": "w", "steps": [{"step": "a", "task": "echo"}]})
+            dropped = await qforge.enqueue_async(conn, "echo", {"n": 2})  # first statement: no commit of its own
+            await conn.rollback()
+            return kept, workflow_id, dropped
+    kept, workflow_id, dropped = asyncio.run(main())
+    assert job_count(db_url, kept) == 1 and job_count(db_url, dropped) == 0
+    with psycopg.connect(db_url) as other:
+        assert other.execute("SELECT count(*) FROM jobs WHERE workflow_id = %s", (workflow_id,)).fetchone()[0] == 1
