@@ -20,7 +20,9 @@ from qforge.settings import Settings
 JOB_KEYS = {"id", "task", "queue", "status", "priority", "attempts", "max_retries", "run_at",
             "payload", "result", "last_error", "tags", "workflow_id", "step", "worker",
             "heartbeat_at", "created_at", "updated_at"}
-WORKFLOW_KEYS = {"id", "name", "status", "tags", "created_at", "finished_at", "steps"}
+WORKFLOW_KEYS = {"id", "name", "status", "tags", "created_at", "finished_at", "steps",
+                 # wave 2 (issue 15): what it returned, why it failed, its deadline
+                 "result", "error", "deadline_at"}
 STEP_KEYS = {"step", "status", "job_id", "depends_on", "output", "error", "attempts",
              "started_at", "finished_at"}
 ERROR_KEYS = {"error", "message", "details"}

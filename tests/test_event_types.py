@@ -63,6 +63,8 @@ def _data(event_type: str, **overrides) -> ev.EventData:
         "Released": dict(attempt=1, reason="shutdown"),
         "Cancelled": dict(reason="cancelled by test"),
         "Triggered": dict(payload={"approved": True}),
+        "StepReopened": dict(status="blocked", run_at=T0, reason="resume"),
+        "WorkflowResumed": dict(steps=["a"], reason="resume"),
         "WorkflowSubmitted": dict(name="wf", steps=[{"step": "a", "task": "echo"}]),
         "WorkflowSucceeded": {},
         "WorkflowFailed": dict(error="a dead"),
@@ -86,10 +88,17 @@ JOB_PATHS: list[list[tuple[str, dict]]] = [
      ("DeadLettered", {"attempt": 0})],
     [("Enqueued", {"status": "waiting"}), ("Succeeded", {"attempt": None})],
     [("Enqueued", {"status": "waiting"}), ("Cancelled", {})],
+    # a resumed workflow's steps: dead, cancelled and skipped ones run again;
+    # a deadline skips what has not started
+    [("Enqueued", {"status": "blocked"}), ("Skipped", {}), ("StepReopened", {}), ("StepUnblocked", {}),
+     ("Skipped", {}), ("StepReopened", {"status": "waiting"}), ("Skipped", {}),
+     ("StepReopened", {"status": "pending"}), ("Claimed", {}), ("Failed", {}), ("DeadLettered", {}),
+     ("StepReopened", {"status": "pending"}), ("Cancelled", {}), ("StepReopened", {"status": "pending"})],
 ]
 WORKFLOW_PATHS = [[("WorkflowSubmitted", {}), ("WorkflowSucceeded", {})],
                   [("WorkflowSubmitted", {}), ("WorkflowFailed", {})],
-                  [("WorkflowSubmitted", {}), ("WorkflowCancelled", {})]]
+                  [("WorkflowSubmitted", {}), ("WorkflowCancelled", {}), ("WorkflowResumed", {}),
+                   ("WorkflowFailed", {"reason": "deadline"}), ("WorkflowResumed", {})]]
 
 
 def _insert(conn, stream_id: uuid.UUID, version: int, data: ev.EventData) -> None:

@@ -112,6 +112,10 @@ class WorkflowView(BaseModel):
     created_at: datetime
     finished_at: datetime | None = None
     steps: list[StepView]
+    # beyond 0.1.0's shape: why it failed, what it returned ("result"), its deadline
+    error: str | None = None
+    result: Any = None
+    deadline_at: datetime | None = None
 
 
 class WorkflowCreated(BaseModel):

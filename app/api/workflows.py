@@ -11,6 +11,7 @@ from qforge.api.common import ERRORS, as_of_view, bad_query, limit_query, tag_qu
 from qforge.api.deps import Conn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, TriggerRequest, WorkflowCreated, WorkflowList, WorkflowView
+from qforge.commands import resume
 from qforge.commands import workflows as commands
 from qforge.commands.specs import WorkflowSpec
 from qforge.events import store
@@ -77,6 +78,15 @@ def workflow_events(workflow_id: UUID, conn: Conn) -> dict:
 def cancel_workflow(workflow_id: UUID, conn: Conn) -> dict:
     """Cancel every unfinished step and the workflow (409 when it already finished)."""
     commands.cancel(conn, workflow_id, actor="api")
+    return _workflow(conn, workflow_id)
+
+
+@router.post("/workflows/{workflow_id}/resume", response_model=WorkflowView, responses=ERRORS)
+def resume_workflow(workflow_id: UUID, conn: Conn) -> dict:
+    """Run a failed or cancelled workflow again from where it stopped: its dead, cancelled and
+    skipped steps run again with fresh retry budgets, succeeded steps keep their outputs (409
+    when it is running or succeeded)."""
+    resume.resume(conn, workflow_id, actor="api")
     return _workflow(conn, workflow_id)
 
 

@@ -66,10 +66,18 @@ def advance(conn, workflow_ids: list[uuid.UUID], *, now: datetime | None = None,
             if verdict.workflow_event:
                 data: ev.EventData = (ev.WorkflowFailed(error=verdict.error)
                                       if verdict.workflow_event == ev.WorkflowFailed.type
-                                      else ev.WorkflowSucceeded())
+                                      else ev.WorkflowSucceeded(result=_result(workflow, by_name)))
                 events.append(NewEvent(stream_id=workflow_id, version=workflow["version"] + 1,
                                        data=data, tags=workflow["tags"], workflow_id=workflow_id))
             store.append(conn, events, actor=actor, now=now)
+
+
+def _result(workflow: dict, by_name: dict[str, dict]) -> Any:
+    """What the workflow's `result` names: a step's output, at a path (None for a skipped step)."""
+    source = workflow.get("result_from")
+    if not source or source.get("step") not in by_name:
+        return None
+    return dag.read_path(by_name[source["step"]]["result"], source.get("path"))
 
 
 def _decision_event(row: dict, decision: dag.Decision, workflow_id: uuid.UUID,

@@ -145,14 +145,27 @@ class StepSpec(BaseModel):
                            on_failure=self.on_failure, seconds=self.seconds)
 
 
+class ResultSpec(BaseModel):
+    """`result`: the workflow's result is step `step`'s output (at `path`, if given)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: str = Field(min_length=1, max_length=200)
+    path: str | None = Field(default=None, max_length=1000)
+
+
 class WorkflowSpec(Storable):
-    """POST /workflows: `{"name", "tags"?, "idempotency_key"?, "steps": [...]}`."""
+    """POST /workflows: `{"name", "tags"?, "idempotency_key"?, "result"?, "deadline_seconds"?,
+    "steps": [...]}`."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=200)
     tags: dict[str, str] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    result: ResultSpec | None = None
+    deadline_seconds: float | None = Field(default=None, gt=0, le=365 * 86400, description=(
+        "the workflow fails with reason deadline when it runs longer (running steps are stopped)"))
     steps: list[StepSpec] = Field(min_length=1, max_length=1000)
 
     @field_validator("tags")
@@ -162,4 +175,7 @@ class WorkflowSpec(Storable):
 
     def problems(self) -> list[str]:
         """Every problem of the graph (empty: it may be stored)."""
-        return dag.validate([step.definition() for step in self.steps])
+        problems = dag.validate([step.definition() for step in self.steps])
+        if self.result is not None and self.result.step not in {step.step for step in self.steps}:
+            problems.append(f"result names unknown step '{self.result.step}'")
+        return problems

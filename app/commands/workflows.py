@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from psycopg.rows import dict_row, tuple_row
@@ -17,7 +17,7 @@ from qforge.commands.specs import StepSpec, WorkflowSpec
 from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.ids import new_id
-from qforge.events.states import JOB_ACTIVE, WAITING, WORKFLOW_FINISHED
+from qforge.events.states import JOB_ACTIVE, RUNNING, WAITING, WORKFLOW_FINISHED
 from qforge.events.types import NewEvent
 from qforge.sql import q
 
@@ -47,7 +47,11 @@ def submit(conn, spec: WorkflowSpec, *, actor: str = "api", now: datetime | None
     handlers = dag.handlers_of(s.definition() for s in spec.steps)
     submitted = ev.WorkflowSubmitted(
         name=spec.name, idempotency_key=spec.idempotency_key, external_id=external_id,
-        steps=[s.model_dump(mode="json", by_alias=True, exclude_none=True) for s in spec.steps])
+        steps=[s.model_dump(mode="json", by_alias=True, exclude_none=True) for s in spec.steps],
+        result=spec.result.model_dump(exclude_none=True) if spec.result else None,
+        deadline_seconds=spec.deadline_seconds,
+        deadline_at=(clock + timedelta(seconds=spec.deadline_seconds)
+                     if spec.deadline_seconds is not None else None))
     with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(q("workflow_submit"), {
             "id": workflow_id, "data": json.dumps(submitted.model_dump(mode="json", exclude_none=True)),
@@ -142,6 +146,39 @@ def fire_timers(conn, *, now: datetime | None = None, limit: int = 100,
                 ]
             store.append(conn, events, actor=actor, now=now)
             advance(conn, [row["workflow_id"]], now=now, actor=actor)
+            fired += 1
+    return fired
+
+
+def fire_deadlines(conn, *, now: datetime | None = None, limit: int = 100,
+                   actor: str = "monitor") -> int:
+    """Fail running workflows past their deadline; returns how many.
+
+    Running steps are cancelled (their workers stop at the next heartbeat, as
+    after a cancel), every other unfinished step is skipped, and the workflow
+    fails with reason `deadline`, all in one transaction per workflow."""
+    clock = now or datetime.now(timezone.utc)
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(q("workflow_due_deadlines"), {"now": clock, "limit": limit})
+        due = [row[0] for row in cur.fetchall()]
+    fired = 0
+    for workflow_id in due:
+        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            locked = _lock_workflow(cur, workflow_id)
+            workflow, steps = load(cur, workflow_id)
+            if locked["status"] in WORKFLOW_FINISHED or workflow["deadline_at"] > clock:
+                continue  # finished or resumed meanwhile
+            cur.execute(q("job_lock"), {"ids": sorted(r["id"] for r in steps if r["status"] in JOB_ACTIVE)})
+            reason = f"deadline of {workflow['deadline_seconds']:g}s passed"
+            events = [NewEvent(stream_id=r["id"], version=r["version"] + 1,
+                               data=(ev.Cancelled(reason=f"workflow {reason}") if r["status"] == RUNNING
+                                     else ev.Skipped(reason=f"workflow {reason}")),
+                               tags=r["tags"], workflow_id=workflow_id)
+                      for r in cur.fetchall() if r["status"] in JOB_ACTIVE]
+            events.append(NewEvent(stream_id=workflow_id, version=workflow["version"] + 1,
+                                   data=ev.WorkflowFailed(error=f"deadline: {reason}", reason="deadline"),
+                                   tags=workflow["tags"], workflow_id=workflow_id))
+            store.append(conn, events, actor=actor, now=now)
             fired += 1
     return fired
 

@@ -55,6 +55,8 @@ class Enqueued(EventData):
     when: dict[str, Any] | None = None
     on_failure: str | None = None
     seconds: float | None = None
+    element_of: str | None = None  # an element of a fan-out step: that step's name
+    element_index: int | None = None  # and its index in the list it runs over
 
 
 class StepUnblocked(EventData):
@@ -140,6 +142,18 @@ class Cancelled(EventData):
     reason: str
 
 
+class StepReopened(EventData):
+    """A finished step of a resumed workflow runs again (a resume, or an operator's retry of a
+    dead step): blocked until the DAG rules unblock it, or at once pending/waiting; its retry
+    budget starts afresh and its previous output and error are cleared."""
+
+    type = "StepReopened"
+    stream_type = "job"
+    status: Literal["blocked", "pending", "waiting"]
+    run_at: datetime | None = None  # None: when it occurred
+    reason: str = "resume"
+
+
 class Triggered(EventData):
     """A waiting wait_for_trigger step was triggered; the payload is its output."""
 
@@ -158,17 +172,22 @@ class WorkflowSubmitted(EventData):
     steps: list[dict[str, Any]]
     idempotency_key: str | None = None
     external_id: str | None = None
+    result: dict[str, Any] | None = None  # {"step", "path"?}: what WorkflowSucceeded returns
+    deadline_seconds: float | None = None
+    deadline_at: datetime | None = None  # submitted + deadline_seconds: then it fails with reason deadline
 
 
 class WorkflowSucceeded(EventData):
     type = "WorkflowSucceeded"
     stream_type = "workflow"
+    result: Any = None  # the output the workflow's "result" names, when it names one
 
 
 class WorkflowFailed(EventData):
     type = "WorkflowFailed"
     stream_type = "workflow"
     error: str | None = None
+    reason: str | None = None  # None: a step failed; "deadline": the workflow ran out of time
 
 
 class WorkflowCancelled(EventData):
@@ -176,11 +195,22 @@ class WorkflowCancelled(EventData):
     stream_type = "workflow"
 
 
+class WorkflowResumed(EventData):
+    """A failed or cancelled workflow runs again: `steps` are reopened (StepReopened, same
+    transaction); every other step keeps its status and output."""
+
+    type = "WorkflowResumed"
+    stream_type = "workflow"
+    steps: list[str]
+    reason: str = "resume"  # resume | retry of step '<name>'
+    deadline_at: datetime | None = None  # a new deadline, when the workflow has deadline_seconds
+
+
 EVENT_DATA: dict[str, type[EventData]] = {
     model.type: model for model in (
         Enqueued, StepUnblocked, Skipped, Claimed, Heartbeat, Succeeded, Failed, Retried,
-        DeadLettered, Released, Cancelled, Triggered,
-        WorkflowSubmitted, WorkflowSucceeded, WorkflowFailed, WorkflowCancelled,
+        DeadLettered, Released, Cancelled, StepReopened, Triggered,
+        WorkflowSubmitted, WorkflowSucceeded, WorkflowFailed, WorkflowCancelled, WorkflowResumed,
     )
 }
 EVENT_TYPES = frozenset(EVENT_DATA)

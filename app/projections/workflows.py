@@ -11,7 +11,8 @@ from qforge.projections.pages import fetch_page
 from qforge.sql import q
 
 # GET /workflows/{id}.
-WORKFLOW_FIELDS = ("id", "name", "status", "tags", "created_at", "finished_at")
+WORKFLOW_FIELDS = ("id", "name", "status", "tags", "created_at", "finished_at", "error", "result",
+                   "deadline_at")
 STEP_FIELDS = ("step", "status", "job_id", "depends_on", "output", "error", "attempts",
                "started_at", "finished_at")
 

@@ -38,3 +38,12 @@ SELECT * FROM workflows WHERE id = %(id)s
 
 -- name: workflow_steps
 SELECT * FROM jobs WHERE workflow_id = %(id)s ORDER BY created_at, step
+
+-- name: workflow_due_deadlines
+-- Running workflows past their deadline (the partial index workflows_deadline
+-- holds just the running ones that have a deadline), earliest first.
+SELECT id FROM workflows
+ WHERE status = 'running' AND deadline_at IS NOT NULL
+   AND deadline_at <= coalesce(%(now)s::timestamptz, now())
+ ORDER BY deadline_at
+ LIMIT %(limit)s

@@ -18,7 +18,7 @@ from psycopg.rows import tuple_row
 
 from qforge.commands import workers
 from qforge.commands.manage import recover_stale
-from qforge.commands.workflows import fire_timers
+from qforge.commands.workflows import fire_deadlines, fire_timers
 from qforge.settings import Settings, get_settings
 from qforge.sql import q
 from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, connect, describe
@@ -108,6 +108,9 @@ class Monitor:
         fired = sum(_drain_counts(lambda: fire_timers(conn, limit=BATCH_LIMIT, actor=self.actor)))
         if fired:
             log.info("fired %d timers (sleep steps ended, trigger waits timed out)", fired)
+        late = sum(_drain_counts(lambda: fire_deadlines(conn, limit=BATCH_LIMIT, actor=self.actor)))
+        if late:
+            log.info("failed %d workflows past their deadline", late)
         if time.monotonic() < self.judge_after:
             return
         recovered = _drain(lambda: recover_stale(conn, stale_seconds=stale, limit=BATCH_LIMIT, actor=self.actor))

@@ -1,0 +1,70 @@
+"""The HTTP side of issue 15: resume (and a step's retry re-opening its workflow), results, deadlines."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import httpx
+import pytest
+
+from tests.test_api import assert_error, serve
+from tests.test_workflows import run_ready
+
+BROKEN = {"name": "broken", "result": {"step": "b", "path": "n"}, "steps": [
+    {"step": "a", "task": "echo", "max_retries": 0},
+    {"step": "b", "task": "echo", "depends_on": ["a"], "max_retries": 0},
+    {"step": "c", "task": "echo", "depends_on": ["b"], "max_retries": 0}]}
+
+
+@pytest.fixture
+def api(db_url: str) -> Iterator[httpx.Client]:
+    yield from serve(db_url, api_token=None)
+
+
+def step_statuses(workflow: dict) -> dict[str, str]:
+    return {s["step"]: s["status"] for s in workflow["steps"]}
+
+
+def test_resume_route_reruns_the_failed_part_and_409s_otherwise(api, conn):
+    workflow = api.post("/workflows", json=BROKEN).json()
+    assert_error(api.post(f"/workflows/{workflow['id']}/resume"), 409, "running")
+    run_ready(conn)
+    run_ready(conn, failures={"b"})
+    failed = api.get(f"/workflows/{workflow['id']}").json()
+    assert (failed["status"], failed["result"]) == ("failed", None)
+    resumed = api.post(f"/workflows/{workflow['id']}/resume")
+    assert resumed.status_code == 200, resumed.text
+    assert step_statuses(resumed.json()) == {"a": "succeeded", "b": "pending", "c": "blocked"}
+    assert run_ready(conn, outputs={"b": {"n": 7}}) == ["b"]
+    assert run_ready(conn) == ["c"]
+    done = api.get(f"/workflows/{workflow['id']}").json()
+    assert (done["status"], done["result"], done["error"]) == ("succeeded", 7, None)
+    assert_error(api.post(f"/workflows/{workflow['id']}/resume"), 409, "succeeded")
+    history = api.get(f"/workflows/{workflow['id']}/events").json()["events"]
+    types = [e["type"] for e in history]
+    assert types.index("WorkflowFailed") < types.index("WorkflowResumed") < types.index("WorkflowSucceeded")
+    assert types.count("StepReopened") == 2  # b and c; a's output was kept
+
+
+def test_resume_of_an_unknown_workflow_is_404(api):
+    assert_error(api.post("/workflows/00000000-0000-0000-0000-000000000000/resume"), 404)
+
+
+def test_retry_of_a_dead_step_reopens_its_workflow(api, conn):
+    workflow = api.post("/workflows", json=BROKEN).json()
+    run_ready(conn)
+    run_ready(conn, failures={"b"})
+    dead = next(s for s in api.get(f"/workflows/{workflow['id']}").json()["steps"] if s["step"] == "b")
+    retried = api.post(f"/jobs/{dead['job_id']}/retry")
+    assert retried.status_code == 200, retried.text
+    assert retried.json()["status"] == "pending"
+    assert api.get(f"/workflows/{workflow['id']}").json()["status"] == "running"
+
+
+def test_new_workflow_fields_are_validated_with_the_graph(api):
+    body = {"name": "bad", "result": {"step": "ghost"}, "steps": [
+        {"step": "a", "task": "echo", "depends_on": ["nope"]}]}
+    error = assert_error(api.post("/workflows", json=body), 422, "ghost", "nope")
+    assert len(error["details"]) >= 2
+    assert_error(api.post("/workflows", json={**BROKEN, "deadline_seconds": -1}), 422, "deadline_seconds")
+    assert api.get("/workflows").json()["items"] == []

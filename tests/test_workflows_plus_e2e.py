@@ -1,0 +1,47 @@
+"""Issue 15 end to end with real `qforge worker` and `qforge monitor` processes: resume, results, deadlines."""
+
+from __future__ import annotations
+
+from qforge.commands import workflows as wf
+from qforge.commands.resume import resume
+from qforge.projections.workflows import get_workflow
+from test_worker_support import Processes, procs, registry, tasks_dir, wait_for  # noqa: F401 (fixtures)
+from tests.test_workflows_e2e import finished, steps
+
+
+def test_resume_reruns_only_the_failed_part_with_real_workers(conn, procs: Processes):
+    procs.worker("--concurrency", "2")
+    workflow_id = wf.submit(conn, wf.WorkflowSpec.model_validate({
+        "name": "resume-e2e", "result": {"step": "report", "path": "inputs"}, "steps": [
+            {"step": "fetch", "task": "echo", "payload": {"rows": 3}},
+            {"step": "flaky", "task": "flaky", "payload": {"fail_times": 1}, "max_retries": 0,
+             "depends_on": ["fetch"]},
+            {"step": "report", "task": "echo", "depends_on": ["flaky"]}]}))[0]
+    assert wait_for(lambda: finished(conn, workflow_id), timeout=20,
+                    message="the first run to fail") == "failed"
+    first = steps(conn, workflow_id)
+    assert (first["flaky"]["status"], first["report"]["status"]) == ("dead", "skipped")
+    assert resume(conn, workflow_id) == ["flaky", "report"]
+    assert wait_for(lambda: finished(conn, workflow_id), timeout=20,
+                    message="the resumed run to finish") == "succeeded"
+    second = steps(conn, workflow_id)
+    assert second["fetch"]["attempts"] == 1 and second["fetch"]["version"] == first["fetch"]["version"]
+    assert second["flaky"]["attempts"] == 2
+    view = get_workflow(conn, workflow_id)
+    assert view["result"] == {"flaky": second["flaky"]["result"]}
+
+
+def test_deadline_stops_a_running_step_and_fails_the_workflow(conn, procs: Processes):
+    procs.worker("--concurrency", "2", "--name", "deadline-worker")
+    procs.monitor()
+    # the step must be running when the deadline passes: submit once the worker is there
+    wait_for(lambda: registry(conn, "deadline-worker"), timeout=15, message="the worker to register")
+    workflow_id = wf.submit(conn, wf.WorkflowSpec.model_validate({
+        "name": "deadline-e2e", "deadline_seconds": 2, "steps": [
+            {"step": "long", "task": "slow", "payload": {"seconds": 60}},
+            {"step": "after", "task": "echo", "depends_on": ["long"]}]}))[0]
+    assert wait_for(lambda: finished(conn, workflow_id), timeout=20,
+                    message="the deadline to fail the workflow") == "failed"
+    state = steps(conn, workflow_id)
+    assert (state["long"]["status"], state["after"]["status"]) == ("cancelled", "skipped")
+    assert get_workflow(conn, workflow_id)["error"].startswith("deadline")
