@@ -68,3 +68,21 @@ def test_new_workflow_fields_are_validated_with_the_graph(api):
     assert len(error["details"]) >= 2
     assert_error(api.post("/workflows", json={**BROKEN, "deadline_seconds": -1}), 422, "deadline_seconds")
     assert api.get("/workflows").json()["items"] == []
+
+
+def test_fan_out_step_shows_its_elements_by_status(api, conn):
+    body = {"name": "fan", "steps": [
+        {"step": "list", "task": "echo"},
+        {"step": "each", "task": "echo", "for_each": {"step": "list", "path": "items"}, "max_parallel": 1}]}
+    workflow = api.post("/workflows", json=body).json()
+    run_ready(conn, outputs={"list": {"items": [1, 2, 3]}})
+    run_ready(conn)
+    each = next(s for s in api.get(f"/workflows/{workflow['id']}").json()["steps"] if s["step"] == "each")
+    assert each["status"] == "waiting"
+    assert each["elements"]["total"] == 3
+    assert each["elements"]["counts"] == {"succeeded": 1, "pending": 1, "blocked": 1}
+    bad = {"name": "bad", "steps": [{"step": "a", "task": "echo", "for_each": {"step": "a"},
+                                     "max_parallel": 0}]}
+    assert_error(api.post("/workflows", json=bad), 422, "max_parallel")
+    bad["steps"][0]["max_parallel"] = 2
+    assert_error(api.post("/workflows", json=bad), 422, "reads the step itself")

@@ -29,6 +29,7 @@ from qforge.commands.claim import ClaimedJob, claim
 from qforge.commands.enqueue import JobSpec, enqueue
 from qforge.commands.errors import Conflict, NotFound
 from qforge.commands.manage import cancel_job, recover_stale, retry_job
+from qforge.commands.resume import resume
 from qforge.commands.report import Report, complete, fail, heartbeat
 from qforge.db import connect
 from qforge.events.states import JOB_ACTIVE
@@ -139,6 +140,7 @@ class Operator:
     def __init__(self, conn: psycopg.Connection, rng: random.Random, job_ids: list[UUID]):
         self.conn, self.rng, self.job_ids = conn, rng, job_ids
         self.manual_retries = 0
+        self.resumes = 0
         self.conflicts = 0
 
     def round(self, clock: Clock) -> None:
@@ -160,6 +162,11 @@ class Operator:
                                     " ORDER BY random() LIMIT 3", ["dead", "cancelled"]):
                 if self._tolerating(lambda: retry_job(self.conn, job_id, actor="operator", now=now)):
                     self.manual_retries += 1
+        if self.resumes < 15 and self.rng.random() < 0.3:  # run a failed or cancelled workflow again
+            for workflow_id in self._ids("SELECT id FROM workflows WHERE status = ANY(%s)"
+                                         " ORDER BY random() LIMIT 1", ["failed", "cancelled"]):
+                if self._tolerating(lambda: resume(self.conn, workflow_id, actor="operator", now=now)):
+                    self.resumes += 1
         with self.conn.cursor(row_factory=dict_row) as cur:
             cur.execute("SELECT workflow_id, step FROM jobs WHERE status = 'waiting'"
                         " AND step_type = 'wait_for_trigger'")

@@ -45,3 +45,22 @@ def test_deadline_stops_a_running_step_and_fails_the_workflow(conn, procs: Proce
     state = steps(conn, workflow_id)
     assert (state["long"]["status"], state["after"]["status"]) == ("cancelled", "skipped")
     assert get_workflow(conn, workflow_id)["error"].startswith("deadline")
+
+
+def test_fan_out_over_a_runtime_list_with_real_workers(conn, procs: Processes):
+    procs.worker("--concurrency", "4")
+    workflow_id = wf.submit(conn, wf.WorkflowSpec.model_validate({
+        "name": "fan-e2e", "result": {"step": "sum"}, "steps": [
+            {"step": "list", "task": "echo", "payload": {"pairs": [[1, 2], [3, 4], [5, 6], [7, 8]]}},
+            {"step": "add", "task": "echo", "for_each": {"step": "list", "path": "pairs"},
+             "max_parallel": 2},
+            {"step": "sum", "task": "echo", "depends_on": ["add"]}]}))[0]
+    assert wait_for(lambda: finished(conn, workflow_id), timeout=20,
+                    message="the fan-out workflow to finish") == "succeeded"
+    view = get_workflow(conn, workflow_id)
+    add = next(s for s in view["steps"] if s["step"] == "add")
+    assert add["elements"]["counts"] == {"succeeded": 4}
+    assert view["result"]["inputs"]["add"] == add["output"]
+    assert [item["index"] for item in add["elements"]["items"]] == [0, 1, 2, 3]
+    assert [(out["index"], out["item"]) for out in add["output"]] == [
+        (0, [1, 2]), (1, [3, 4]), (2, [5, 6]), (3, [7, 8])]

@@ -88,6 +88,22 @@ class EventPage(BaseModel):
 # --------------------------------------------------------------------------- workflows
 
 
+class ElementView(BaseModel):
+    index: int
+    job_id: UUID
+    status: str
+    attempts: int
+    error: str | None = None
+
+
+class ElementsView(BaseModel):
+    """A fan-out step's elements: counts by status and each element."""
+
+    total: int
+    counts: dict[str, int]
+    items: list[ElementView]
+
+
 class StepView(BaseModel):
     step: str
     status: str
@@ -102,6 +118,7 @@ class StepView(BaseModel):
     task: str | None = None
     when: dict[str, Any] | None = None
     on_failure: str | None = None
+    elements: ElementsView | None = None  # a for_each step's elements
 
 
 class WorkflowView(BaseModel):

@@ -16,14 +16,17 @@ from psycopg.rows import dict_row
 
 from qforge.commands import dag
 from qforge.commands.errors import NotFound
+from qforge.commands.fanout import Fanout
 from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.states import PENDING, WAITING, WORKFLOW_FINISHED
 from qforge.events.types import NewEvent
+from qforge.settings import get_settings
 from qforge.sql import q
 
 # A trigger wait without timeout never fires (PostgreSQL's 'infinity' would not load in Python).
 NEVER = datetime(9999, 12, 31, tzinfo=timezone.utc)
+MAX_ROUNDS = 1000
 
 
 def wait_until(step_type: str, seconds: float | None, timeout: float | None, now: datetime) -> datetime:
@@ -56,20 +59,56 @@ def advance(conn, workflow_ids: list[uuid.UUID], *, now: datetime | None = None,
     clock = now or datetime.now(timezone.utc)
     with conn.cursor(row_factory=dict_row) as cur:
         for workflow_id in workflow_ids:
-            workflow, steps = load(cur, workflow_id)
-            if workflow["status"] in WORKFLOW_FINISHED:
-                continue
-            verdict = dag.evaluate({row["step"]: step_state(row) for row in steps})
-            by_name = {row["step"]: row for row in steps}
-            events = [_decision_event(by_name[d.step], d, workflow_id, clock)
-                      for d in verdict.decisions]
-            if verdict.workflow_event:
-                data: ev.EventData = (ev.WorkflowFailed(error=verdict.error)
-                                      if verdict.workflow_event == ev.WorkflowFailed.type
-                                      else ev.WorkflowSucceeded(result=_result(workflow, by_name)))
-                events.append(NewEvent(stream_id=workflow_id, version=workflow["version"] + 1,
-                                       data=data, tags=workflow["tags"], workflow_id=workflow_id))
-            store.append(conn, events, actor=actor, now=now)
+            # A fan-out step can end in the round that starts it (an empty or bad list):
+            # the rules then look again, a bounded number of times (each round ends a step).
+            for _ in range(MAX_ROUNDS):
+                workflow, rows = load(cur, workflow_id)
+                if workflow["status"] in WORKFLOW_FINISHED or not _round(conn, workflow, rows, clock,
+                                                                         now, actor):
+                    break
+
+
+def split_elements(rows: list[dict]) -> tuple[list[dict], dict[str, list[dict]]]:
+    """A workflow's job rows: its steps, and the elements of each fan-out step."""
+    steps = [row for row in rows if not row.get("element_of")]
+    elements: dict[str, list[dict]] = {}
+    for row in rows:
+        if row.get("element_of"):
+            elements.setdefault(row["element_of"], []).append(row)
+    return steps, elements
+
+
+def _round(conn, workflow: dict, rows: list[dict], clock: datetime, now: datetime | None,
+           actor: str) -> bool:
+    """One evaluation and its events; True when a step ended in it and the rules must look again."""
+    workflow_id = workflow["id"]
+    steps, elements = split_elements(rows)
+    specs = {s.get("step"): s for s in workflow.get("definition") or [] if isinstance(s, dict)}
+    verdict = dag.evaluate({row["step"]: step_state(row) for row in steps})
+    by_name = {row["step"]: row for row in steps}
+    fan = Fanout(workflow_id, clock)
+    events = []
+    for decision in verdict.decisions:
+        row, spec = by_name[decision.step], specs.get(decision.step) or {}
+        if decision.event_type == ev.StepUnblocked.type and spec.get("for_each"):
+            fan.start(row, spec, decision.data.get("inputs", {}),
+                      by_name[spec["for_each"]["step"]]["result"], elements.get(decision.step, []),
+                      get_settings().max_fan_out)
+        else:
+            events.append(_decision_event(row, decision, workflow_id, clock))
+    for row in steps:
+        spec = specs.get(row["step"]) or {}
+        if row["status"] == WAITING and spec.get("for_each"):
+            fan.progress(row, spec, elements.get(row["step"], []))
+    events += fan.events
+    if verdict.workflow_event and not fan.again:
+        data: ev.EventData = (ev.WorkflowFailed(error=verdict.error)
+                              if verdict.workflow_event == ev.WorkflowFailed.type
+                              else ev.WorkflowSucceeded(result=_result(workflow, by_name)))
+        events.append(NewEvent(stream_id=workflow_id, version=workflow["version"] + 1,
+                               data=data, tags=workflow["tags"], workflow_id=workflow_id))
+    store.append(conn, events, actor=actor, now=now)
+    return fan.again
 
 
 def _result(workflow: dict, by_name: dict[str, dict]) -> Any:

@@ -27,13 +27,17 @@ class StepDef:
     when: dict[str, Any] | None = None
     on_failure: str | None = None
     seconds: float | None = None
+    for_each: dict[str, Any] | None = None  # {"step", "path"}: run once per element of that list
+    max_parallel: int | None = None  # elements running at once (None: all)
 
     def dependencies(self) -> tuple[str, ...]:
-        """depends_on plus the step a `when` condition reads (always a dependency)."""
-        extra = self.when.get("step") if isinstance(self.when, dict) else None
-        if extra and extra not in self.depends_on:
-            return (*self.depends_on, extra)
-        return self.depends_on
+        """depends_on plus the steps a `when` condition or a `for_each` reads (always dependencies)."""
+        found = self.depends_on
+        for source in (self.when, self.for_each):
+            extra = source.get("step") if isinstance(source, dict) else None
+            if isinstance(extra, str) and extra not in found:
+                found = (*found, extra)
+        return found
 
 
 def handlers_of(steps: Iterable[StepDef]) -> dict[str, list[str]]:
@@ -73,6 +77,8 @@ def validate(steps: list[StepDef]) -> list[str]:
                 problems.append(f"{where} depends on unknown step '{dep}'")
         if step.when is not None:
             problems.extend(_condition_problems(step, known))
+        if step.for_each is not None:
+            problems.extend(_for_each_problems(step, known))
         if step.on_failure is not None:
             if step.on_failure == step.name:
                 problems.append(f"{where}: on_failure names the step itself")
@@ -104,6 +110,18 @@ def _condition_problems(step: StepDef, known: set[str]) -> list[str]:
         problems.append(f"{where}: 'when.in' must be a list")
     if "path" in when and when["path"] is not None and not isinstance(when["path"], str):
         problems.append(f"{where}: 'when.path' must be a string")
+    return problems
+
+
+def _for_each_problems(step: StepDef, known: set[str]) -> list[str]:
+    source, where = step.for_each or {}, f"step '{step.name}'"
+    problems = []
+    if step.type != "task":
+        problems.append(f"{where}: for_each needs a task step (not {step.type})")
+    if source.get("step") == step.name:
+        problems.append(f"{where}: 'for_each' reads the step itself")
+    elif source.get("step") not in known:
+        problems.append(f"{where}: 'for_each' names unknown step '{source.get('step')}'")
     return problems
 
 

@@ -17,11 +17,11 @@ from datetime import datetime, timedelta, timezone
 from psycopg.rows import dict_row
 
 from qforge.commands import dag
-from qforge.commands.advance import advance, load, step_state, wait_until
+from qforge.commands.advance import advance, load, split_elements, step_state, wait_until
 from qforge.commands.errors import Conflict, NotFound
 from qforge.events import store
 from qforge.events import types as ev
-from qforge.events.states import CANCELLED, DEAD, RUNNING, SKIPPED, WAITING, WORKFLOW_FINISHED, allows
+from qforge.events.states import BLOCKED, CANCELLED, DEAD, RUNNING, SKIPPED, WAITING, WORKFLOW_FINISHED, allows
 from qforge.events.types import NewEvent
 from qforge.sql import q
 
@@ -54,7 +54,7 @@ def resume(conn, workflow_id: uuid.UUID, *, actor: str = "api", now: datetime | 
         if not allows("workflow", workflow["status"], ev.WorkflowResumed.type):
             raise Conflict(f"workflow {workflow_id} is {workflow['status']};"
                            " only a failed or cancelled workflow can be resumed")
-        states = {row["step"]: step_state(row) for row in rows}
+        states = {row["step"]: step_state(row) for row in split_elements(rows)[0]}
         names = steps_to_reopen(states, set(states))
         _reopen(conn, cur, workflow, rows, names, "resume", actor=actor, now=now)
         return names
@@ -70,7 +70,11 @@ def reopen_step(conn, cur, workflow_id: uuid.UUID, step: str, *, actor: str,
             and not allows("workflow", workflow["status"], ev.WorkflowResumed.type):
         raise Conflict(f"step '{step}' belongs to workflow {workflow_id}, which {workflow['status']};"
                        " a finished workflow is only re-opened when it failed or was cancelled")
-    states = {row["step"]: step_state(row) for row in rows}
+    steps, elements = split_elements(rows)
+    states = {row["step"]: step_state(row) for row in steps}
+    element = next((row for rows_ in elements.values() for row in rows_ if row["step"] == step), None)
+    if element is not None:  # an element runs again as part of its fan-out step
+        step = element["element_of"]
     names = steps_to_reopen(states, {step})
     _reopen(conn, cur, workflow, rows, names, f"retry of step '{step}'", actor=actor, now=now)
     return names
@@ -87,10 +91,15 @@ def _reopen(conn, cur, workflow: dict, rows: list[dict], names: list[str], reaso
     if not names:
         raise Conflict(f"workflow {workflow['id']} has no dead, cancelled or skipped step to run again")
     clock = now or datetime.now(timezone.utc)
-    by_name = {row["step"]: row for row in rows}
-    cur.execute(q("job_lock"), {"ids": sorted(by_name[name]["id"] for name in names)})
+    steps, elements = split_elements(rows)
+    by_name = {row["step"]: row for row in steps}
+    # a reopened fan-out step's dead, cancelled and skipped elements run again, blocked until
+    # the step is unblocked; its succeeded elements keep their outputs
+    dead_elements = [e for name in names for e in elements.get(name, []) if e["status"] in REOPENABLE]
+    cur.execute(q("job_lock"), {"ids": sorted([by_name[name]["id"] for name in names]
+                                              + [e["id"] for e in dead_elements])})
     locked = {row["step"]: row for row in cur.fetchall()}
-    handlers = dag.handlers_of(step_state(row).definition for row in rows)
+    handlers = dag.handlers_of(step_state(row).definition for row in steps)
     events: list[NewEvent] = []
     if workflow["status"] != RUNNING:
         deadline_at = (clock + timedelta(seconds=workflow["deadline_seconds"])
@@ -106,6 +115,11 @@ def _reopen(conn, cur, workflow: dict, rows: list[dict], names: list[str], reaso
                   if status == WAITING else clock)
         events.append(NewEvent(stream_id=row["id"], version=row["version"] + 1,
                                data=ev.StepReopened(status=status, run_at=run_at, reason=reason),
+                               tags=row["tags"], workflow_id=workflow["id"]))
+    for element in dead_elements:
+        row = locked[element["step"]]
+        events.append(NewEvent(stream_id=row["id"], version=row["version"] + 1,
+                               data=ev.StepReopened(status=BLOCKED, run_at=clock, reason=reason),
                                tags=row["tags"], workflow_id=workflow["id"]))
     store.append(conn, events, actor=actor, now=now)
     advance(conn, [workflow["id"]], now=now, actor=actor)

@@ -118,6 +118,15 @@ class Condition(BaseModel):
     in_: list[Any] | None = Field(default=None, alias="in")
 
 
+class ForEach(BaseModel):
+    """`for_each`: run the step once per element of step `step`'s output at `path`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: str = Field(min_length=1, max_length=200)
+    path: str | None = Field(default=None, max_length=1000)
+
+
 class StepSpec(BaseModel):
     """One step of POST /workflows. `type` is checked with the graph, so every problem
     of a definition is reported at once."""
@@ -136,13 +145,18 @@ class StepSpec(BaseModel):
     max_retries: int = Field(default=3, ge=0, le=1000)
     priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
     queue: str = Field(default="default", pattern=NAME_PATTERN)
+    for_each: ForEach | None = None
+    max_parallel: int | None = Field(default=None, ge=1, le=100_000,
+                                     description="with for_each: elements running at once")
 
     def definition(self) -> dag.StepDef:
         """The parts the DAG rules read."""
         when = self.when.model_dump(by_alias=True, exclude_unset=True) if self.when else None
         return dag.StepDef(name=self.step, type=self.type, task=self.task,
                            depends_on=tuple(self.depends_on), when=when,
-                           on_failure=self.on_failure, seconds=self.seconds)
+                           on_failure=self.on_failure, seconds=self.seconds,
+                           for_each=self.for_each.model_dump() if self.for_each else None,
+                           max_parallel=self.max_parallel)
 
 
 class ResultSpec(BaseModel):

@@ -38,10 +38,31 @@ def ordered_steps(workflow: dict[str, Any], steps: list[dict[str, Any]]) -> list
     return sorted(steps, key=lambda row: (rank.get(row["step"], len(rank)), row["step"] or ""))
 
 
-def workflow_view(workflow: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """A workflows row and its step rows (live or as of a position) in the contract's shape."""
+def elements_view(elements: list[dict[str, Any]]) -> dict[str, Any]:
+    """A fan-out step's elements: how many in each status, and each one (index order)."""
+    counts: dict[str, int] = {}
+    for row in elements:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    return {"total": len(elements), "counts": counts, "items": [
+        {"index": row["element_index"], "job_id": row["id"], "status": row["status"],
+         "attempts": row.get("attempts", 0), "error": row.get("last_error")}
+        for row in sorted(elements, key=lambda r: r["element_index"])]}
+
+
+def workflow_view(workflow: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A workflows row and its step rows (live or as of a position) in the contract's shape; the
+    elements of a fan-out step are shown within it, not as steps."""
     view = {name: workflow.get(name) for name in WORKFLOW_FIELDS}
-    view["steps"] = [step_view(row) for row in ordered_steps(workflow, steps)]
+    steps = [row for row in rows if not row.get("element_of")]
+    elements: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("element_of"):
+            elements.setdefault(row["element_of"], []).append(row)
+    fanned = {s.get("step") for s in workflow.get("definition") or []
+              if isinstance(s, dict) and s.get("for_each")}
+    view["steps"] = [step_view(row) | ({"elements": elements_view(elements.get(row["step"], []))}
+                                       if row["step"] in fanned else {})
+                     for row in ordered_steps(workflow, steps)]
     return view
 
 
