@@ -44,6 +44,8 @@ BEGIN
         s.sleep_seconds := (d ->> 'seconds')::double precision;
         s.element_of := d ->> 'element_of';
         s.element_index := (d ->> 'element_index')::integer;
+        s.backoff_base_seconds := (d ->> 'backoff_base_seconds')::double precision;
+        s.backoff_cap_seconds := (d ->> 'backoff_cap_seconds')::double precision;
         s.created_at := e.occurred_at;
         IF s.status = 'waiting' THEN
             s.started_at := e.occurred_at;
@@ -124,6 +126,12 @@ BEGIN
         s.result_from := e.data -> 'result';
         s.deadline_seconds := (e.data ->> 'deadline_seconds')::double precision;
         s.deadline_at := (e.data ->> 'deadline_at')::timestamptz;
+        s.definition_name := e.data -> 'definition' ->> 'name';
+        s.definition_version := (e.data -> 'definition' ->> 'version')::integer;
+        s.parent_workflow_id := (e.data -> 'parent' ->> 'workflow_id')::uuid;
+        s.parent_job_id := (e.data -> 'parent' ->> 'job_id')::uuid;
+        s.parent_step := e.data -> 'parent' ->> 'step';
+        s.nesting := (e.data -> 'parent' ->> 'depth')::integer;
     WHEN 'WorkflowSucceeded', 'WorkflowFailed', 'WorkflowCancelled' THEN
         s.error := e.data ->> 'error';
         s.finished_at := e.occurred_at;

@@ -86,3 +86,29 @@ def test_fan_out_step_shows_its_elements_by_status(api, conn):
     assert_error(api.post("/workflows", json=bad), 422, "max_parallel")
     bad["steps"][0]["max_parallel"] = 2
     assert_error(api.post("/workflows", json=bad), 422, "reads the step itself")
+
+
+def test_waiting_on_shows_a_trigger_or_timer_wait_and_tag_search_filters_by_it(api, conn):
+    body = {"name": "approval", "tags": {"team": "ops"}, "steps": [
+        {"step": "prep", "task": "echo"},
+        {"step": "approve", "type": "wait_for_trigger", "depends_on": ["prep"], "timeout_seconds": 3600},
+        {"step": "ship", "task": "echo", "depends_on": ["approve"]}]}
+    waiting = api.post("/workflows", json=body).json()
+    napping = api.post("/workflows", json={"name": "nap", "tags": {"team": "ops"}, "steps": [
+        {"step": "nap", "type": "sleep", "seconds": 600}]}).json()
+    busy = api.post("/workflows", json={**body, "name": "busy"}).json()
+    assert api.get(f"/workflows/{waiting['id']}").json()["waiting_on"] == []  # prep is due
+    run_ready(conn, limit=1)  # one prep runs: its workflow waits on the trigger alone
+    ids = {waiting["id"], busy["id"]}
+    ran = [w for w in ids if api.get(f"/workflows/{w}").json()["waiting_on"]]
+    assert len(ran) == 1
+    [view] = [api.get(f"/workflows/{w}").json() for w in ran]
+    assert [(w["step"], w["kind"]) for w in view["waiting_on"]] == [("approve", "trigger")]
+    assert view["waiting_on"][0]["until"] is not None
+    nap = api.get(f"/workflows/{napping['id']}").json()["waiting_on"]
+    assert [(w["step"], w["kind"]) for w in nap] == [("nap", "timer")]
+    found = api.get("/executions", params={"tag": "team:ops", "waiting": "trigger"}).json()["items"]
+    assert [item["id"] for item in found] == ran
+    timers = api.get("/executions", params={"tag": "team:ops", "waiting": "timer"}).json()["items"]
+    assert [item["id"] for item in timers] == [napping["id"]]
+    assert_error(api.get("/executions", params={"tag": "team:ops", "waiting": "nap"}), 422, "waiting")

@@ -94,7 +94,11 @@ def _workflow_events(rng: random.Random, workflow_id: UUID) -> list[NewEvent]:
     first = NewEvent(stream_id=workflow_id, version=1, tags={"wf": "yes"}, workflow_id=workflow_id,
                      data=ev.WorkflowSubmitted(name="walk", steps=[{"step": "s1", "task": "echo"}],
                                               result=rng.choice([None, {"step": "s1"}]),
-                                              deadline_seconds=5, deadline_at=T0))
+                                              deadline_seconds=5, deadline_at=T0,
+                                              definition=rng.choice([None, {"name": "d", "version": 2}]),
+                                              parent=rng.choice([None, {"workflow_id": str(workflow_id),
+                                                                        "job_id": str(workflow_id),
+                                                                        "step": "s", "depth": 1}])))
     events = [first]
     ends = [None, ev.WorkflowSucceeded(result=rng.choice([None, {"r": 1}])), ev.WorkflowFailed(error="e"),
             ev.WorkflowFailed(error="deadline: late", reason="deadline"), ev.WorkflowCancelled()]

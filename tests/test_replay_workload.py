@@ -29,6 +29,7 @@ from qforge.commands.claim import ClaimedJob, claim
 from qforge.commands.enqueue import JobSpec, enqueue
 from qforge.commands.errors import Conflict, NotFound
 from qforge.commands.manage import cancel_job, recover_stale, retry_job
+from qforge.commands.definitions import DefinitionSpec, start_definition, store_definition
 from qforge.commands.resume import resume
 from qforge.commands.report import Report, complete, fail, heartbeat
 from qforge.db import connect
@@ -327,6 +328,10 @@ def test_randomized_workload_replays_to_exactly_the_live_projections(db_url, bac
             job_ids += [e.id for e in enqueue(main, specs[start:start + 250], now=clock.now)]
         workflow_ids = [wf.submit(main, _workflow_spec(rng, n), now=clock.now)[0]
                         for n in range(WORKFLOWS)]
+        for version in range(2):  # a stored definition, two versions, and a run of it
+            store_definition(main, "nightly", DefinitionSpec.model_validate(
+                {"retry_policy": {"max_retries": version}, "steps": [{"step": "a", "task": "ok"}]}), now=clock.now)
+        workflow_ids.append(start_definition(main, "nightly", {"n": 1}, actor="scheduler", now=clock.now))
         with main.cursor() as cur:
             cur.execute("SELECT id FROM jobs WHERE workflow_id IS NOT NULL")
             step_ids = [row[0] for row in cur.fetchall()]

@@ -64,3 +64,50 @@ def test_fan_out_over_a_runtime_list_with_real_workers(conn, procs: Processes):
     assert [item["index"] for item in add["elements"]["items"]] == [0, 1, 2, 3]
     assert [(out["index"], out["item"]) for out in add["output"]] == [
         (0, [1, 2]), (1, [3, 4]), (2, [5, 6]), (3, [7, 8])]
+
+
+def test_sub_workflow_from_a_stored_definition_with_real_workers(conn, procs: Processes):
+    from qforge.commands.definitions import DefinitionSpec, start_definition, store_definition
+    procs.worker("--concurrency", "2")
+    procs.monitor()
+    store_definition(conn, "child", DefinitionSpec.model_validate({
+        "result": {"step": "sum"}, "steps": [{"step": "sum", "task": "add", "payload": {"a": 2, "b": 3}}]}))
+    store_definition(conn, "parent", DefinitionSpec.model_validate({
+        "result": {"step": "call"}, "steps": [{"step": "call", "type": "workflow", "definition": "child"}]}))
+    workflow_id = start_definition(conn, "parent", {"n": 1}, actor="e2e")
+    assert wait_for(lambda: finished(conn, workflow_id), timeout=20,
+                    message="the parent to finish") == "succeeded"
+    view = get_workflow(conn, workflow_id)
+    assert view["result"] == 5
+    child = get_workflow(conn, view["steps"][0]["child_workflow_id"])
+    assert (child["status"], child["parent"]["workflow_id"]) == ("succeeded", workflow_id)
+
+
+def test_compound_conditions_and_otherwise_with_real_workers(conn, procs: Processes):
+    procs.worker("--concurrency", "4")
+    workflow_id = wf.submit(conn, wf.WorkflowSpec.model_validate({"name": "route-e2e", "steps": [
+        {"step": "r", "task": "echo", "payload": {"route": "z", "size": 5}},
+        {"step": "small_b", "task": "echo", "when": {"all": [
+            {"step": "r", "path": "route", "equals": "b"}, {"not": {"step": "r", "path": "size", "in": [5]}}]}},
+        {"step": "c_or_big", "task": "echo", "when": {"any": [
+            {"step": "r", "path": "route", "equals": "c"}, {"step": "r", "path": "size", "equals": 5}]}},
+        {"step": "fallback", "task": "echo", "depends_on": ["r"], "when": "otherwise"}]}))[0]
+    assert wait_for(lambda: finished(conn, workflow_id), timeout=20,
+                    message="the routed workflow to finish") == "succeeded"
+    state = steps(conn, workflow_id)
+    assert {name: row["status"] for name, row in state.items()} == {
+        "r": "succeeded", "small_b": "skipped", "c_or_big": "succeeded", "fallback": "skipped"}
+
+
+def test_waiting_on_a_trigger_with_real_workers(conn, procs: Processes):
+    procs.worker("--concurrency", "2")
+    workflow_id = wf.submit(conn, wf.WorkflowSpec.model_validate({"name": "wait-e2e", "steps": [
+        {"step": "prep", "task": "echo"},
+        {"step": "approve", "type": "wait_for_trigger", "depends_on": ["prep"]},
+        {"step": "ship", "task": "echo", "depends_on": ["approve"]}]}))[0]
+    waits = wait_for(lambda: get_workflow(conn, workflow_id)["waiting_on"], timeout=15,
+                     message="the workflow to wait on its trigger")
+    assert waits == [{"step": "approve", "kind": "trigger"}]
+    wf.trigger(conn, workflow_id, "approve", {"ok": True})
+    assert wait_for(lambda: finished(conn, workflow_id), timeout=15, message="the workflow to finish") == "succeeded"
+    assert get_workflow(conn, workflow_id)["waiting_on"] == []

@@ -12,7 +12,8 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from qforge.api import compat, dashboard_states, errors, events, executions, jobs, operations, workflows
+from qforge.api import (compat, dashboard_states, definitions, errors, events, executions, jobs, operations,
+                        workflows)
 from qforge.api.auth import require_token
 from qforge.api.deps import Resources
 from qforge.api.errors import error_response
@@ -105,7 +106,7 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
     errors.install(app)
 
     protected = [Depends(require_token)]
-    for router in (jobs.router, workflows.router, compat.router, events.router,
+    for router in (jobs.router, workflows.router, definitions.router, compat.router, events.router,
                    executions.router, operations.router):
         app.include_router(router, dependencies=protected)
     app.include_router(operations.health_router)

@@ -32,7 +32,9 @@ ORDER = [states.BLOCKED, states.PENDING, states.WAITING, states.RUNNING, states.
 # is red although the job still runs; a scheduled retry waits.
 EVENT_COLOUR_OVERRIDES = {ev.Failed.type: states.FAILED, ev.Retried.type: states.WAITING,
                           ev.Enqueued.type: states.PENDING, ev.StepUnblocked.type: states.PENDING,
-                          ev.StepReopened.type: states.PENDING}
+                          ev.StepReopened.type: states.PENDING,
+                          # a stored definition's new version: no status of a run
+                          ev.DefinitionStored.type: states.SUCCEEDED}
 
 
 def event_status() -> dict[str, str]:

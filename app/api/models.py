@@ -119,6 +119,13 @@ class StepView(BaseModel):
     when: dict[str, Any] | None = None
     on_failure: str | None = None
     elements: ElementsView | None = None  # a for_each step's elements
+    child_workflow_id: UUID | None = None  # a workflow step's sub-workflow
+
+
+class WaitingOn(BaseModel):
+    step: str
+    kind: str  # trigger | timer
+    until: datetime | None = None
 
 
 class WorkflowView(BaseModel):
@@ -133,6 +140,9 @@ class WorkflowView(BaseModel):
     error: str | None = None
     result: Any = None
     deadline_at: datetime | None = None
+    definition: dict[str, Any] | None = None  # {"name", "version"}: the stored definition it ran
+    parent: dict[str, Any] | None = None  # {"workflow_id", "step"}: a sub-workflow's parent step
+    waiting_on: list[WaitingOn] = []  # what a running workflow waits for, when only a trigger or timer
 
 
 class WorkflowCreated(BaseModel):

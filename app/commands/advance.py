@@ -14,7 +14,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from qforge.commands import dag
+from qforge.commands import dag, subflows
 from qforge.commands.errors import NotFound
 from qforge.commands.fanout import Fanout
 from qforge.events import store
@@ -94,6 +94,9 @@ def _round(conn, workflow: dict, rows: list[dict], clock: datetime, now: datetim
             fan.start(row, spec, decision.data.get("inputs", {}),
                       by_name[spec["for_each"]["step"]]["result"], elements.get(decision.step, []),
                       get_settings().max_fan_out)
+        elif decision.event_type == ev.StepUnblocked.type and row["step_type"] == "workflow":
+            fan.again |= _start_child(conn, workflow, row, spec, decision.data.get("inputs", {}),
+                                      events, actor=actor, now=now)
         else:
             events.append(_decision_event(row, decision, workflow_id, clock))
     for row in steps:
@@ -108,7 +111,33 @@ def _round(conn, workflow: dict, rows: list[dict], clock: datetime, now: datetim
         events.append(NewEvent(stream_id=workflow_id, version=workflow["version"] + 1,
                                data=data, tags=workflow["tags"], workflow_id=workflow_id))
     store.append(conn, events, actor=actor, now=now)
+    if verdict.workflow_event and not fan.again and workflow.get("parent_job_id"):
+        _tell_parent(conn, workflow["id"], actor=actor, now=now)
     return fan.again
+
+
+def _start_child(conn, workflow: dict, row: dict, spec: dict[str, Any], inputs: dict[str, Any],
+                 events: list[NewEvent], *, actor: str, now: datetime | None) -> bool:
+    """A workflow step was unblocked: it waits for the child it starts (or dies at once if the
+    child cannot start); True when it ended."""
+    base: dict[str, Any] = dict(stream_id=row["id"], tags=row["tags"], workflow_id=workflow["id"])
+    store.append(conn, [NewEvent(**base, version=row["version"] + 1,
+                                 data=ev.StepUnblocked(status=WAITING, run_at=NEVER, inputs=inputs))],
+                 actor=actor, now=now)
+    child, problem = subflows.start_child(conn, row, spec, inputs, workflow, actor=actor, now=now)
+    if problem is None:
+        return False
+    events.append(NewEvent(**base, version=row["version"] + 2,
+                           data=ev.Failed(attempt=0, reason="child_workflow", error=problem)))
+    events.append(NewEvent(**base, version=row["version"] + 3, data=ev.DeadLettered(attempt=0, error=problem)))
+    return True
+
+
+def _tell_parent(conn, workflow_id: uuid.UUID, *, actor: str, now: datetime | None) -> None:
+    """A sub-workflow just ended: end its parent's step now if the parent is free (see subflows)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q("workflow_get"), {"id": workflow_id})
+        subflows.finish_parent(conn, cur.fetchone(), wait=False, actor=actor, now=now)
 
 
 def _result(workflow: dict, by_name: dict[str, dict]) -> Any:

@@ -81,7 +81,9 @@ class Fanout:
                                  run_at=self.clock, payload={**payload, "item": item, "index": index},
                                  status=PENDING if index < limit else BLOCKED,
                                  step=element_name(row["step"], index), step_type="task",
-                                 element_of=row["step"], element_index=index)))
+                                 element_of=row["step"], element_index=index,
+                                 backoff_base_seconds=row["backoff_base_seconds"],
+                                 backoff_cap_seconds=row["backoff_cap_seconds"])))
 
     def progress(self, row: dict, spec: dict[str, Any], elements: list[dict]) -> None:
         """A waiting fan-out step: end it, or start the next elements within max_parallel."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from psycopg.rows import dict_row, tuple_row
 
-from qforge.commands import dag
+from qforge.commands import dag, subflows
 from qforge.commands.advance import advance, load, wait_until
 from qforge.commands.enqueue import job_row
 from qforge.commands.errors import Conflict, Invalid, NotFound
@@ -30,16 +30,24 @@ def _step_data(step: StepSpec, handlers: dict[str, list[str]], now: datetime) ->
                        max_retries=step.max_retries, run_at=run_at, payload=step.payload,
                        status=status, timeout_seconds=step.timeout_seconds, step=step.step,
                        step_type=step.type, depends_on=list(definition.dependencies()),
-                       when=definition.when, on_failure=step.on_failure, seconds=step.seconds)
+                       when=definition.when, on_failure=step.on_failure, seconds=step.seconds,
+                       backoff_base_seconds=step.backoff_base_seconds,
+                       backoff_cap_seconds=step.backoff_cap_seconds)
 
 
 def submit(conn, spec: WorkflowSpec, *, actor: str = "api", now: datetime | None = None,
-           external_id: str | None = None) -> tuple[uuid.UUID, bool]:
+           external_id: str | None = None,
+           definition: dict[str, Any] | None = None,
+           parent: dict[str, Any] | None = None) -> tuple[uuid.UUID, bool]:
     """Check the graph (every problem at once: Invalid), then store the workflow and its steps; (id, created).
 
     `external_id` is the id another system knows the workflow by (the pod
-    orchestrator's workflowId)."""
-    problems = spec.problems()
+    orchestrator's workflowId); `definition` ({"name", "version"}) the stored
+    definition it runs; `parent` ({"workflow_id", "step", "job_id", "depth"}) the
+    step of another workflow that started it (qforge.commands.subflows)."""
+    problems = spec.problems() + _definition_problems(conn, spec)
+    if parent and parent.get("depth", 1) > MAX_NESTING:
+        problems.append(f"sub-workflows nest more than {MAX_NESTING} deep (a definition that starts itself?)")
     if problems:
         raise Invalid("invalid workflow: " + "; ".join(problems), problems)
     clock = now or datetime.now(timezone.utc)
@@ -49,7 +57,7 @@ def submit(conn, spec: WorkflowSpec, *, actor: str = "api", now: datetime | None
         name=spec.name, idempotency_key=spec.idempotency_key, external_id=external_id,
         steps=[s.model_dump(mode="json", by_alias=True, exclude_none=True) for s in spec.steps],
         result=spec.result.model_dump(exclude_none=True) if spec.result else None,
-        deadline_seconds=spec.deadline_seconds,
+        deadline_seconds=spec.deadline_seconds, definition=definition, parent=parent,
         deadline_at=(clock + timedelta(seconds=spec.deadline_seconds)
                      if spec.deadline_seconds is not None else None))
     with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
@@ -62,7 +70,24 @@ def submit(conn, spec: WorkflowSpec, *, actor: str = "api", now: datetime | None
         rows = [job_row(new_id(), _step_data(step, handlers, clock), spec.tags, workflow_id)
                 for step in spec.steps]
         cur.execute(q("job_enqueue"), {"jobs": json.dumps(rows), "actor": actor, "now": now})
+        if any(step.type in dag.STARTED_BY_THE_RULES for step in spec.steps):
+            advance(conn, [workflow_id], now=now, actor=actor)  # start root sub-workflows now
     return workflow_id, True
+
+
+def _definition_problems(conn, spec: WorkflowSpec) -> list[str]:
+    """Workflow steps naming stored definitions that do not exist."""
+    wanted = {s.definition_name for s in spec.steps if s.type == "workflow" and s.definition_name}
+    if not wanted:
+        return []
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(q("definitions_known"), {"names": sorted(wanted)})
+        known = {row[0] for row in cur.fetchall()}
+    return [f"step '{s.step}': unknown definition '{s.definition_name}'" for s in spec.steps
+            if s.type == "workflow" and s.definition_name and s.definition_name not in known]
+
+
+MAX_NESTING = 10  # sub-workflows within sub-workflows
 
 
 def _lock_workflow(cur, workflow_id: uuid.UUID) -> dict:
@@ -111,6 +136,20 @@ def cancel(conn, workflow_id: uuid.UUID, *, actor: str = "api",
                                data=ev.WorkflowCancelled(), tags=workflow["tags"],
                                workflow_id=workflow_id))
         store.append(conn, events, actor=actor, now=now)
+        _end_children_and_tell_parent(conn, cur, workflow, actor=actor, now=now)
+
+
+def _end_children_and_tell_parent(conn, cur, workflow: dict, *, actor: str, now: datetime | None) -> None:
+    """A workflow just ended (cancel, deadline): cancel its running sub-workflows (their ids
+    sort after its own, the lock order), and end its own parent's step if it is a child."""
+    for child_id in subflows.children_to_cancel(cur, workflow["id"]):
+        try:
+            cancel(conn, child_id, actor=actor, now=now)
+        except Conflict:
+            pass  # it ended meanwhile
+    if workflow.get("parent_job_id"):
+        cur.execute(q("workflow_get"), {"id": workflow["id"]})
+        subflows.finish_parent(conn, cur.fetchone(), wait=False, actor=actor, now=now)
 
 
 def fire_timers(conn, *, now: datetime | None = None, limit: int = 100,
@@ -179,6 +218,7 @@ def fire_deadlines(conn, *, now: datetime | None = None, limit: int = 100,
                                    data=ev.WorkflowFailed(error=f"deadline: {reason}", reason="deadline"),
                                    tags=workflow["tags"], workflow_id=workflow_id))
             store.append(conn, events, actor=actor, now=now)
+            _end_children_and_tell_parent(conn, cur, workflow, actor=actor, now=now)
             fired += 1
     return fired
 

@@ -52,11 +52,13 @@ class Enqueued(EventData):
     step: str | None = None
     step_type: str | None = None
     depends_on: list[str] | None = None
-    when: dict[str, Any] | None = None
+    when: dict[str, Any] | str | None = None  # a condition, or "otherwise"
     on_failure: str | None = None
     seconds: float | None = None
     element_of: str | None = None  # an element of a fan-out step: that step's name
     element_index: int | None = None  # and its index in the list it runs over
+    backoff_base_seconds: float | None = None  # None: QFORGE_BACKOFF_BASE_SECONDS
+    backoff_cap_seconds: float | None = None  # None: QFORGE_BACKOFF_CAP_SECONDS
 
 
 class StepUnblocked(EventData):
@@ -175,6 +177,8 @@ class WorkflowSubmitted(EventData):
     result: dict[str, Any] | None = None  # {"step", "path"?}: what WorkflowSucceeded returns
     deadline_seconds: float | None = None
     deadline_at: datetime | None = None  # submitted + deadline_seconds: then it fails with reason deadline
+    definition: dict[str, Any] | None = None  # {"name", "version"}: the stored definition it runs
+    parent: dict[str, Any] | None = None  # {"workflow_id", "step", "job_id", "depth"}: a sub-workflow's
 
 
 class WorkflowSucceeded(EventData):
@@ -206,17 +210,31 @@ class WorkflowResumed(EventData):
     deadline_at: datetime | None = None  # a new deadline, when the workflow has deadline_seconds
 
 
+# --------------------------------------------------------------------------- stored definitions
+
+
+class DefinitionStored(EventData):
+    """A new version of a stored workflow definition (its stream's version is the definition's)."""
+
+    type = "DefinitionStored"
+    stream_type = "definition"
+    name: str
+    document: dict[str, Any]
+
+
 EVENT_DATA: dict[str, type[EventData]] = {
     model.type: model for model in (
         Enqueued, StepUnblocked, Skipped, Claimed, Heartbeat, Succeeded, Failed, Retried,
         DeadLettered, Released, Cancelled, StepReopened, Triggered,
         WorkflowSubmitted, WorkflowSucceeded, WorkflowFailed, WorkflowCancelled, WorkflowResumed,
+        DefinitionStored,
     )
 }
 EVENT_TYPES = frozenset(EVENT_DATA)
 JOB_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "job")
 WORKFLOW_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "workflow")
-STREAM_TYPES = ("job", "workflow")
+DEFINITION_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "definition")
+STREAM_TYPES = ("job", "workflow", "definition")
 
 
 def _failed_v1(data: dict[str, Any]) -> dict[str, Any]:

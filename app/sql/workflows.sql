@@ -5,6 +5,25 @@
 -- (the second waits here, then its next statement sees the first's commit).
 SELECT id, status, version FROM workflows WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR UPDATE
 
+-- name: workflow_lock_unless_busy
+-- A sub-workflow that ended locks its parent to end the parent's step, but
+-- never waits for it: it holds its own lock, and locks go parent first (the
+-- monitor finishes the step later: workflow_children_done).
+SELECT id, status, version FROM workflows WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR UPDATE SKIP LOCKED
+
+-- name: workflow_children_done
+-- Sub-workflows that ended while their parent's step still waits for them.
+SELECT c.* FROM workflows c JOIN jobs j ON j.id = c.parent_job_id
+ WHERE c.parent_job_id IS NOT NULL AND c.status <> 'running' AND j.status = 'waiting'
+ ORDER BY c.finished_at
+ LIMIT %(limit)s
+
+-- name: workflow_running_children
+SELECT id FROM workflows WHERE parent_workflow_id = %(id)s AND status = 'running' ORDER BY id
+
+-- name: workflow_children
+SELECT id, parent_job_id, status FROM workflows WHERE parent_workflow_id = %(id)s ORDER BY created_at, id
+
 -- name: workflow_submit
 -- The WorkflowSubmitted event; a repeated idempotency_key conflicts in
 -- idempotency_keys (see job_enqueue), nothing is appended and the caller

@@ -44,7 +44,8 @@ BEGIN
                       run_at, timeout_seconds, payload, result, last_error, tags, idempotency_key,
                       workflow_id, step, step_type, depends_on, condition, on_failure, sleep_seconds,
                       worker, heartbeat_at, started_at, finished_at, created_at, updated_at,
-                      last_position, chain, element_of, element_index)
+                      last_position, chain, element_of, element_index, backoff_base_seconds,
+                      backoff_cap_seconds)
     SELECT e.stream_id, e.version, e.d ->> 'task', coalesce(e.d ->> 'queue', 'default'), s.status,
            coalesce((e.d ->> 'priority')::integer, 0), 0, 0, coalesce((e.d ->> 'max_retries')::integer, 3),
            coalesce((e.d ->> 'run_at')::timestamptz, e.occurred_at), (e.d ->> 'timeout_seconds')::float8,
@@ -53,7 +54,8 @@ BEGIN
            e.d ->> 'on_failure', (e.d ->> 'seconds')::float8,
            NULL, NULL, CASE WHEN s.status = 'waiting' THEN e.occurred_at END, NULL,
            e.occurred_at, e.occurred_at, e.position, e.hash,
-           e.d ->> 'element_of', (e.d ->> 'element_index')::integer
+           e.d ->> 'element_of', (e.d ->> 'element_index')::integer,
+           (e.d ->> 'backoff_base_seconds')::float8, (e.d ->> 'backoff_cap_seconds')::float8
       FROM (SELECT x.*, event_upcast_data(x.type, x.schema_version, x.data) AS d
               FROM new_events x
              WHERE x.stream_type = 'job' AND x.version = 1
@@ -140,14 +142,19 @@ BEGIN
     IF new_workflows > 0 THEN
     INSERT INTO workflows (id, version, name, status, tags, idempotency_key, external_id, definition,
                            error, created_at, updated_at, finished_at, last_position, chain,
-                           result_from, result, deadline_seconds, deadline_at)
+                           result_from, result, deadline_seconds, deadline_at,
+                           definition_name, definition_version, parent_workflow_id, parent_job_id,
+                           parent_step, nesting)
     SELECT e.stream_id, e.version, e.data ->> 'name',
            coalesce(state_target('workflow', NULL, e.type, NULL),
                     state_refuse('workflow', NULL, e.type, NULL, e.stream_id)),
            coalesce(e.tags, '{}'), e.data ->> 'idempotency_key', e.data ->> 'external_id',
            e.data -> 'steps', NULL, e.occurred_at, e.occurred_at, NULL, e.position, e.hash,
            e.data -> 'result', NULL, (e.data ->> 'deadline_seconds')::float8,
-           (e.data ->> 'deadline_at')::timestamptz
+           (e.data ->> 'deadline_at')::timestamptz,
+           e.data -> 'definition' ->> 'name', (e.data -> 'definition' ->> 'version')::integer,
+           (e.data -> 'parent' ->> 'workflow_id')::uuid, (e.data -> 'parent' ->> 'job_id')::uuid,
+           e.data -> 'parent' ->> 'step', (e.data -> 'parent' ->> 'depth')::integer
       FROM new_events e
      WHERE e.stream_type = 'workflow' AND e.version = 1;
     END IF;

@@ -49,6 +49,9 @@ PROJECTIONS = (
     Projection("workflows"),
     Projection("jobs"),
     Projection("execution_tags", verify_whole=True),
+    # stored definitions (definitions/60_definitions.sql): few and small
+    Projection("definitions", verify_whole=True),
+    Projection("definition_versions", verify_whole=True),
 )
 
 Progress = Callable[[int, int], None]  # (events read so far, events in the log)
