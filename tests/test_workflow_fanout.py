@@ -42,6 +42,8 @@ def test_each_element_runs_once_and_the_output_is_the_list_in_order(conn):
     assert ran == ["each[0]", "each[1]", "each[2]"]
     payloads = [(e["payload"]["item"], e["payload"]["index"]) for e in elements(conn, workflow_id)]
     assert payloads == [("x", 0), ("y", 1), ("z", 2)]
+    # the list is not copied into every element (n elements would cost n² to store)
+    assert all(e["payload"]["inputs"] == {} for e in elements(conn, workflow_id))
     assert run_ready(conn) == ["after"]
     view = get_workflow(conn, workflow_id)
     assert view["status"] == "succeeded" and view["result"] == [0, 10, 20]

@@ -43,6 +43,12 @@ def items_or_problem(output: Any, for_each: dict[str, Any], max_fan_out: int) ->
     return items, None
 
 
+def element_inputs(inputs: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """An element's `inputs`: the step's, but for the list it runs over (its element is `item`;
+    a copy of the whole list in every element would make n elements cost n² to store)."""
+    return {name: output for name, output in inputs.items() if name != spec["for_each"]["step"]}
+
+
 class Fanout:
     """The events of one advance round for a workflow's fan-out steps."""
 
@@ -72,7 +78,7 @@ class Fanout:
             self.again = True
             return
         limit = spec.get("max_parallel") or len(items)
-        payload = {**row["payload"], "inputs": inputs}
+        payload = {**row["payload"], "inputs": element_inputs(inputs, spec)}
         for index, item in enumerate(items):
             self.events.append(NewEvent(
                 stream_id=new_id(), version=1, tags=row["tags"], workflow_id=self.workflow_id,
@@ -104,7 +110,7 @@ class Fanout:
             return
         active = sum(1 for e in elements if e["status"] in (PENDING, RUNNING))
         room = (spec.get("max_parallel") or len(elements)) - active
-        inputs = (row["payload"] or {}).get("inputs", {})
+        inputs = element_inputs((row["payload"] or {}).get("inputs", {}), spec)
         for element in [e for e in elements if e["status"] == BLOCKED][:max(room, 0)]:
             self._event(element, 1, ev.StepUnblocked(status=PENDING, run_at=self.clock, inputs=inputs))
 
