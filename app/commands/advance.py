@@ -35,13 +35,14 @@ def wait_until(step_type: str, seconds: float | None, timeout: float | None, now
     return NEVER if delay is None else now + timedelta(seconds=delay)
 
 
-def load(cur, workflow_id: uuid.UUID) -> tuple[dict, list[dict]]:
-    """The workflow's row and its steps' job rows."""
+def load(cur, workflow_id: uuid.UUID, *, elements: bool = True) -> tuple[dict, list[dict]]:
+    """The workflow's row and its steps' job rows (with the elements of fan-out steps, unless
+    elements=False)."""
     cur.execute(q("workflow_get"), {"id": workflow_id})
     workflow = cur.fetchone()
     if workflow is None:
         raise NotFound(f"workflow {workflow_id} not found")
-    cur.execute(q("workflow_steps"), {"id": workflow_id})
+    cur.execute(q("workflow_steps" if elements else "workflow_step_rows"), {"id": workflow_id})
     return workflow, cur.fetchall()
 
 
@@ -62,8 +63,8 @@ def advance(conn, workflow_ids: list[uuid.UUID], *, now: datetime | None = None,
             # A fan-out step can end in the round that starts it (an empty or bad list):
             # the rules then look again, a bounded number of times (each round ends a step).
             for _ in range(MAX_ROUNDS):
-                workflow, rows = load(cur, workflow_id)
-                if workflow["status"] in WORKFLOW_FINISHED or not _round(conn, workflow, rows, clock,
+                workflow, steps = load(cur, workflow_id, elements=False)
+                if workflow["status"] in WORKFLOW_FINISHED or not _round(conn, cur, workflow, steps, clock,
                                                                          now, actor):
                     break
 
@@ -78,22 +79,20 @@ def split_elements(rows: list[dict]) -> tuple[list[dict], dict[str, list[dict]]]
     return steps, elements
 
 
-def _round(conn, workflow: dict, rows: list[dict], clock: datetime, now: datetime | None,
+def _round(conn, cur, workflow: dict, steps: list[dict], clock: datetime, now: datetime | None,
            actor: str) -> bool:
     """One evaluation and its events; True when a step ended in it and the rules must look again."""
     workflow_id = workflow["id"]
-    steps, elements = split_elements(rows)
     specs = {s.get("step"): s for s in workflow.get("definition") or [] if isinstance(s, dict)}
     verdict = dag.evaluate({row["step"]: step_state(row) for row in steps})
     by_name = {row["step"]: row for row in steps}
-    fan = Fanout(workflow_id, clock)
+    fan = Fanout(cur, workflow_id, clock)
     events = []
     for decision in verdict.decisions:
         row, spec = by_name[decision.step], specs.get(decision.step) or {}
         if decision.event_type == ev.StepUnblocked.type and spec.get("for_each"):
             fan.start(row, spec, decision.data.get("inputs", {}),
-                      by_name[spec["for_each"]["step"]]["result"], elements.get(decision.step, []),
-                      get_settings().max_fan_out)
+                      by_name[spec["for_each"]["step"]]["result"], get_settings().max_fan_out)
         elif decision.event_type == ev.StepUnblocked.type and row["step_type"] == "workflow":
             fan.again |= _start_child(conn, workflow, row, spec, decision.data.get("inputs", {}),
                                       events, actor=actor, now=now)
@@ -102,7 +101,7 @@ def _round(conn, workflow: dict, rows: list[dict], clock: datetime, now: datetim
     for row in steps:
         spec = specs.get(row["step"]) or {}
         if row["status"] == WAITING and spec.get("for_each"):
-            fan.progress(row, spec, elements.get(row["step"], []))
+            fan.progress(row, spec)
     events += fan.events
     if verdict.workflow_event and not fan.again:
         data: ev.EventData = (ev.WorkflowFailed(error=verdict.error)

@@ -22,6 +22,7 @@ from qforge.events import types as ev
 from qforge.events.ids import new_id
 from qforge.events.states import BLOCKED, CANCELLED, DEAD, PENDING, RUNNING, SUCCEEDED, WAITING
 from qforge.events.types import NewEvent
+from qforge.sql import q
 
 NEVER_ATTEMPT = 0  # the step itself is never claimed: its failure names attempt 0
 ELEMENT_DEATHS = frozenset({DEAD, CANCELLED})
@@ -52,8 +53,8 @@ def element_inputs(inputs: dict[str, Any], spec: dict[str, Any]) -> dict[str, An
 class Fanout:
     """The events of one advance round for a workflow's fan-out steps."""
 
-    def __init__(self, workflow_id: uuid.UUID, clock: datetime) -> None:
-        self.workflow_id, self.clock = workflow_id, clock
+    def __init__(self, cur, workflow_id: uuid.UUID, clock: datetime) -> None:
+        self.cur, self.workflow_id, self.clock = cur, workflow_id, clock  # cur: a dict_row cursor
         self.events: list[NewEvent] = []
         self.again = False  # a step ended in this round: the DAG rules must look again
 
@@ -62,11 +63,11 @@ class Fanout:
                                     tags=row["tags"], workflow_id=self.workflow_id))
 
     def start(self, row: dict, spec: dict[str, Any], inputs: dict[str, Any], source_output: Any,
-              elements: list[dict], max_fan_out: int) -> None:
+              max_fan_out: int) -> None:
         """The step was just unblocked: wait, and enqueue its elements (or end at once)."""
         from qforge.commands.advance import NEVER  # advance imports this module
         self._event(row, 1, ev.StepUnblocked(status=WAITING, run_at=NEVER, inputs=inputs))
-        if elements:  # resumed: the elements of the first run are there, the dead ones reopened
+        if self._summary(row)["total"]:  # resumed: the first run's elements are there, the dead reopened
             self.again = True
             return
         items, problem = items_or_problem(source_output, spec["for_each"], max_fan_out)
@@ -91,28 +92,40 @@ class Fanout:
                                  backoff_base_seconds=row["backoff_base_seconds"],
                                  backoff_cap_seconds=row["backoff_cap_seconds"])))
 
-    def progress(self, row: dict, spec: dict[str, Any], elements: list[dict]) -> None:
-        """A waiting fan-out step: end it, or start the next elements within max_parallel."""
-        elements = sorted(elements, key=lambda e: e["element_index"])
-        died = [e for e in elements if e["status"] in ELEMENT_DEATHS]
-        if died:
-            first = died[0]
+    def progress(self, row: dict, spec: dict[str, Any]) -> None:
+        """A waiting fan-out step: end it, or start the next elements within max_parallel.
+        Reads a summary of the elements, then only the rows it acts on."""
+        summary = self._summary(row)
+        if summary["died"]:
+            elements = self._elements(row, [DEAD, CANCELLED, PENDING, RUNNING, BLOCKED, WAITING])
+            first = next(e for e in elements if e["status"] in ELEMENT_DEATHS)
             error = (f"element {first['element_index']} {first['status']}"
                      + (f": {first['last_error']}" if first["last_error"] else ""))
             for element in elements:
-                if element["status"] in (PENDING, RUNNING, BLOCKED, WAITING):
+                if element["status"] not in ELEMENT_DEATHS:
                     self._event(element, 1, ev.Cancelled(reason=f"fan-out step '{row['step']}' failed"))
             self._fail(row, error, offset=1)
             return
-        if all(e["status"] == SUCCEEDED for e in elements):
-            self._event(row, 1, ev.Succeeded(result=[e["result"] for e in elements]))
+        if summary["succeeded"] == summary["total"]:
+            results = [e["result"] for e in self._elements(row, [SUCCEEDED])]
+            self._event(row, 1, ev.Succeeded(result=results))
             self.again = True
             return
-        active = sum(1 for e in elements if e["status"] in (PENDING, RUNNING))
-        room = (spec.get("max_parallel") or len(elements)) - active
+        room = (spec.get("max_parallel") or summary["total"]) - summary["active"]
+        if room <= 0 or not summary["blocked"]:
+            return
         inputs = element_inputs((row["payload"] or {}).get("inputs", {}), spec)
-        for element in [e for e in elements if e["status"] == BLOCKED][:max(room, 0)]:
+        for element in self._elements(row, [BLOCKED], limit=room):
             self._event(element, 1, ev.StepUnblocked(status=PENDING, run_at=self.clock, inputs=inputs))
+
+    def _summary(self, row: dict) -> dict[str, int]:
+        self.cur.execute(q("fanout_summary"), {"workflow_id": self.workflow_id, "step": row["step"]})
+        return self.cur.fetchone()
+
+    def _elements(self, row: dict, statuses: list[str], limit: int | None = None) -> list[dict]:
+        self.cur.execute(q("fanout_elements"), {"workflow_id": self.workflow_id, "step": row["step"],
+                                                "statuses": statuses, "limit": limit})
+        return self.cur.fetchall()
 
     def _fail(self, row: dict, error: str, *, offset: int) -> None:
         attempt = row["attempts"] or NEVER_ATTEMPT

@@ -66,3 +66,24 @@ SELECT id FROM workflows
    AND deadline_at <= coalesce(%(now)s::timestamptz, now())
  ORDER BY deadline_at
  LIMIT %(limit)s
+
+-- name: workflow_step_rows
+-- A workflow's steps without the elements of its fan-out steps: what the DAG
+-- rules read each time a step ends (a fan-out's elements are summed up by
+-- fanout_summary instead of read one by one).
+SELECT * FROM jobs WHERE workflow_id = %(id)s AND element_of IS NULL ORDER BY created_at, step
+
+-- name: fanout_summary
+SELECT count(*) AS total,
+       count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE status IN ('pending', 'running')) AS active,
+       count(*) FILTER (WHERE status IN ('dead', 'cancelled')) AS died,
+       count(*) FILTER (WHERE status = 'blocked') AS blocked
+  FROM jobs WHERE workflow_id = %(workflow_id)s AND element_of = %(step)s
+
+-- name: fanout_elements
+-- Elements of a fan-out step in some statuses, by index (at most limit).
+SELECT * FROM jobs
+ WHERE workflow_id = %(workflow_id)s AND element_of = %(step)s AND status = ANY(%(statuses)s::text[])
+ ORDER BY element_index
+ LIMIT %(limit)s
