@@ -132,4 +132,7 @@ def test_for_each_is_validated_with_the_graph(conn):
                       {"step": "w", "type": "sleep", "seconds": 1, "for_each": {"step": "a"}}])
     details = caught.value.details
     assert any("'for_each' names unknown step 'ghost'" in p for p in details)
+    with pytest.raises(Invalid) as caught:
+        submit(conn, [{"step": "a", "task": "echo", "max_parallel": 2, "inputs": {"x": 1}}])
+    assert len(caught.value.details) == 2
     assert any("for_each needs a task step" in p for p in details)

@@ -188,4 +188,9 @@ class WorkflowSpec(Storable):
         problems = dag.validate([step.definition() for step in self.steps])
         if self.result is not None and self.result.step not in {step.step for step in self.steps}:
             problems.append(f"result names unknown step '{self.result.step}'")
+        for step in self.steps:  # fields that mean nothing on this kind of step
+            if step.max_parallel is not None and step.for_each is None:
+                problems.append(f"step '{step.step}': max_parallel is only for a for_each step")
+            if step.inputs is not None and step.type != "workflow":
+                problems.append(f"step '{step.step}': inputs are only for a workflow step")
         return problems
