@@ -18,8 +18,9 @@ from psycopg import AsyncConnection
 from qforge import tracing
 from qforge.commands.enqueue import enqueue_plan, span_attributes
 from qforge.commands.plan import run, run_async
+from qforge.commands.errors import Invalid
 from qforge.commands.specs import JobSpec, WorkflowSpec, parse_spec
-from qforge.commands.workflows import submit_plan
+from qforge.commands.workflows import starts_children, submit_plan
 
 ACTOR = "app"  # the events' actor: written by the application, not the API or a worker
 
@@ -44,7 +45,7 @@ def enqueue(conn, task: str, payload: dict[str, Any] | None = None,
 
 def submit(conn, workflow: WorkflowSpec | dict[str, Any]) -> uuid.UUID | Awaitable[uuid.UUID]:
     """Submit a workflow (the body of POST /workflows) in the caller's transaction; its id."""
-    spec = parse_spec(WorkflowSpec, workflow)
+    spec = _in_transaction_spec(workflow)
     if isinstance(conn, AsyncConnection):
         return _submit_async(conn, spec)
     workflow_id, _ = run(conn, submit_plan(spec, actor=ACTOR), own_transaction=False)
@@ -58,7 +59,18 @@ async def enqueue_async(conn: AsyncConnection, task: str, payload: dict[str, Any
 
 
 async def submit_async(conn: AsyncConnection, workflow: WorkflowSpec | dict[str, Any]) -> uuid.UUID:
-    return await _submit_async(conn, parse_spec(WorkflowSpec, workflow))
+    return await _submit_async(conn, _in_transaction_spec(workflow))
+
+
+def _in_transaction_spec(workflow: WorkflowSpec | dict[str, Any]) -> WorkflowSpec:
+    """A workflow that can be stored by statements alone: one whose first steps start
+    sub-workflows needs the commands' advance as well (POST /workflows does it)."""
+    spec = parse_spec(WorkflowSpec, workflow)
+    if starts_children(spec):
+        raise Invalid("a workflow whose first steps start sub-workflows cannot be submitted in the caller's"
+                      " transaction: submit it through the API (POST /workflows) or the client",
+                      [{"field": "steps", "message": "a root step of type workflow"}])
+    return spec
 
 
 async def _enqueue_async(conn: AsyncConnection, spec: JobSpec) -> uuid.UUID:

@@ -64,6 +64,8 @@ class Settings(BaseSettings):
     # Hosts and CIDR ranges an http step may call besides public addresses.
     http_allow: str = ""
     max_body_bytes: int = Field(default=1_048_576, gt=0)
+    # The longest list a for_each step fans out over (longer ones fail the step).
+    max_fan_out: int = Field(default=10_000, gt=0)
     host: str = "127.0.0.1"
     port: int = Field(default=8090, ge=0, le=65535)
 

@@ -46,6 +46,10 @@ BEGIN
         s.concurrency_limit := (d ->> 'concurrency_limit')::integer;
         s.fairness_key := d ->> 'fairness_key';
         s.trace := d -> 'trace';
+        s.element_of := d ->> 'element_of';
+        s.element_index := (d ->> 'element_index')::integer;
+        s.backoff_base_seconds := (d ->> 'backoff_base_seconds')::double precision;
+        s.backoff_cap_seconds := (d ->> 'backoff_cap_seconds')::double precision;
         s.created_at := e.occurred_at;
         IF s.status = 'waiting' THEN
             s.started_at := e.occurred_at;
@@ -87,6 +91,13 @@ BEGIN
     WHEN 'Released' THEN
         s.free_attempts := s.free_attempts + 1;
         s.run_at := e.occurred_at;
+    WHEN 'StepReopened' THEN
+        s.free_attempts := s.attempts;
+        s.run_at := coalesce((d ->> 'run_at')::timestamptz, e.occurred_at);
+        s.result := NULL;
+        s.last_error := NULL;
+        s.started_at := CASE WHEN s.status = 'waiting' THEN e.occurred_at END;
+        s.finished_at := NULL;
     WHEN 'DeadLettered', 'Cancelled', 'Skipped' THEN
         s.finished_at := e.occurred_at;
         IF d ? 'error' THEN
@@ -116,9 +127,26 @@ BEGIN
         s.external_id := e.data ->> 'external_id';
         s.definition := e.data -> 'steps';
         s.created_at := e.occurred_at;
+        s.result_from := e.data -> 'result';
+        s.deadline_seconds := (e.data ->> 'deadline_seconds')::double precision;
+        s.deadline_at := (e.data ->> 'deadline_at')::timestamptz;
+        s.definition_name := e.data -> 'definition' ->> 'name';
+        s.definition_version := (e.data -> 'definition' ->> 'version')::integer;
+        s.parent_workflow_id := (e.data -> 'parent' ->> 'workflow_id')::uuid;
+        s.parent_job_id := (e.data -> 'parent' ->> 'job_id')::uuid;
+        s.parent_step := e.data -> 'parent' ->> 'step';
+        s.nesting := (e.data -> 'parent' ->> 'depth')::integer;
     WHEN 'WorkflowSucceeded', 'WorkflowFailed', 'WorkflowCancelled' THEN
         s.error := e.data ->> 'error';
         s.finished_at := e.occurred_at;
+        IF e.type = 'WorkflowSucceeded' THEN
+            s.result := e.data -> 'result';
+        END IF;
+    WHEN 'WorkflowResumed' THEN
+        s.error := NULL;
+        s.finished_at := NULL;
+        s.result := NULL;
+        s.deadline_at := coalesce((e.data ->> 'deadline_at')::timestamptz, s.deadline_at);
     ELSE
         RAISE EXCEPTION 'the oracle has no rule for event type %', e.type;
     END CASE;

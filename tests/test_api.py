@@ -20,7 +20,10 @@ from qforge.settings import Settings
 JOB_KEYS = {"id", "task", "queue", "status", "priority", "attempts", "max_retries", "run_at",
             "payload", "result", "last_error", "tags", "workflow_id", "step", "worker",
             "heartbeat_at", "created_at", "updated_at", "concurrency_key", "concurrency_limit", "fairness_key"}
-WORKFLOW_KEYS = {"id", "name", "status", "tags", "created_at", "finished_at", "steps"}
+WORKFLOW_KEYS = {"id", "name", "status", "tags", "created_at", "finished_at", "steps",
+                 # wave 2 (issue 15): what it returned, why it failed, its deadline
+                 "result", "error", "deadline_at", "definition", "parent",
+                 "waiting_on"}
 STEP_KEYS = {"step", "status", "job_id", "depends_on", "output", "error", "attempts",
              "started_at", "finished_at"}
 ERROR_KEYS = {"error", "message", "details"}
@@ -242,7 +245,8 @@ def test_submit_workflow_returns_201_and_get_has_the_contract_shape(api):
     assert set(workflow) == WORKFLOW_KEYS
     assert workflow["tags"] == {"order_id": "o-9"} and workflow["finished_at"] is None
     # the contract's keys, plus what the dashboard draws the DAG with
-    assert all(set(step) == STEP_KEYS | {"type", "task", "when", "on_failure"}
+    assert all(set(step) == STEP_KEYS | {"type", "task", "when", "on_failure", "elements",
+                                           "child_workflow_id"}
                for step in workflow["steps"])
     assert [(s["step"], s["status"], s["depends_on"]) for s in workflow["steps"]] == [
         ("build", "pending", []), ("test", "blocked", ["build"]), ("lint", "blocked", ["build"]),

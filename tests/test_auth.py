@@ -38,6 +38,9 @@ ROUTES: list[tuple[str, str, str]] = [
     ("GET", "/metrics", "read"), ("GET", "/docs", "read"), ("GET", "/openapi.json", "read"),
     ("GET", "/tokens", "admin"), ("POST", "/tokens", "admin"), ("DELETE", "/tokens/nobody", "admin"),
     ("PUT", "/queues/nobody", "admin"), ("GET", "/stats/recent", "read"),
+    ("POST", f"/workflows/{NO_ID}/resume", "operate"),
+    ("GET", "/definitions", "read"), ("GET", "/definitions/nobody", "read"), ("PUT", "/definitions/nobody", "admin"),
+    ("POST", "/definitions/nobody/runs", "operate"),
     ("GET", "/schedules", "read"), ("GET", "/schedules/nobody", "read"), ("GET", "/schedules/nobody/events", "read"),
     ("POST", "/schedules", "admin"), ("PATCH", "/schedules/nobody", "admin"), ("DELETE", "/schedules/nobody", "admin"),
 ]

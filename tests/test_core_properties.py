@@ -102,8 +102,10 @@ def test_state_machine_table_is_consistent():
         for status in targets:
             assert status in states.statuses("job")
             assert states.next_status("job", source, event_type, status) == status
-    # finished statuses are left only by an operator's retry
+    # finished statuses are left only by an operator's retry or a resume of the workflow,
+    # and a succeeded step never (resume keeps its output)
     for status in states.JOB_FINISHED:
         exits = {event for (source, event) in states.JOB_TRANSITIONS if source == status}
-        assert exits <= {"Retried"}, (status, exits)
+        assert exits <= {"Retried", "StepReopened"}, (status, exits)
+    assert not {event for (source, event) in states.JOB_TRANSITIONS if source == states.SUCCEEDED}
     assert states.statuses("workflow") == {"running", "succeeded", "failed", "cancelled"}

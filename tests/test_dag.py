@@ -57,13 +57,51 @@ def test_a_when_condition_makes_its_step_a_dependency():
 
 
 def test_conditions():
-    output = {"x": "doB", "n": {"k": [1, 2]}}
+    output = {"a": {"x": "doB", "n": {"k": [1, 2]}}}  # outputs by step name
     assert dag.condition_holds({"step": "a", "path": "x", "equals": "doB"}, output)
     assert not dag.condition_holds({"step": "a", "path": "x", "equals": "doC"}, output)
     assert dag.condition_holds({"step": "a", "path": "x", "not_equals": "doC"}, output)
     assert dag.condition_holds({"step": "a", "path": "x", "in": ["doC", "doB"]}, output)
     assert dag.condition_holds({"step": "a", "path": "n.k.1", "equals": 2}, output)
     assert not dag.condition_holds({"step": "a", "path": "missing.deep", "equals": 1}, output)
+
+
+def test_compound_conditions_combine_leaves_over_several_steps():
+    outputs = {"a": {"x": 1}, "b": {"y": "go"}}
+    yes, no = {"step": "a", "path": "x", "equals": 1}, {"step": "b", "path": "y", "equals": "stop"}
+    assert dag.condition_holds({"all": [yes, {"not": no}]}, outputs)
+    assert not dag.condition_holds({"all": [yes, no]}, outputs)
+    assert dag.condition_holds({"any": [no, yes]}, outputs)
+    assert not dag.condition_holds({"not": {"any": [yes]}}, outputs)
+    step = StepDef("c", task="t", when={"any": [yes, {"not": no}]})
+    assert step.dependencies() == ("a", "b")
+
+
+def test_bad_compound_conditions_and_otherwise_are_all_reported():
+    problems = dag.validate([
+        StepDef("a", task="t"),
+        StepDef("b", task="t", when={"all": []}),
+        StepDef("c", task="t", when={"any": [{"step": "ghost", "equals": 1}], "not": {}}),
+        StepDef("d", task="t", when={"not": {"step": "a"}}),
+        StepDef("e", task="t", when="otherwise"),
+    ])
+    assert any("'b': 'when'.all must be a non-empty list" in p for p in problems)
+    assert any("step 'c'" in p and "exactly one of all, any, not" in p for p in problems)
+    assert any("'d': 'when'.not needs exactly one of equals" in p for p in problems)
+    assert any("'e': 'when: otherwise' needs depends_on" in p for p in problems)
+
+
+def test_otherwise_runs_only_when_no_sibling_matched():
+    defs = [StepDef("r", task="t"),
+            StepDef("b", task="t", when={"step": "r", "path": "route", "equals": "b"}),
+            StepDef("c", task="t", when={"step": "r", "path": "route", "in": ["c"]}),
+            StepDef("other", task="t", depends_on=("r",), when="otherwise")]
+    for route, runs in (("b", {"b"}), ("c", {"c"}), ("z", {"other"})):
+        states = _states(defs, {"r": "succeeded"})
+        states["r"].output = {"route": route}
+        verdict = dag.evaluate(states)
+        unblocked = {d.step for d in verdict.decisions if d.event_type == "StepUnblocked"}
+        assert unblocked == runs, route
 
 
 def _states(defs, status=None):

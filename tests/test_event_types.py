@@ -20,13 +20,14 @@ T0 = datetime(2031, 1, 1, tzinfo=timezone.utc)
 
 
 def test_models_state_machine_and_dashboard_name_the_same_event_types() -> None:
-    # schedules and queue settings have no status machine (their folds keep settings)
-    assert set(states.MACHINES) == set(ev.STREAM_TYPES) - {"schedule", "queue"}
+    # schedules, queue settings and stored definitions have no status machine (their folds
+    # keep settings, or versions of a document)
+    assert set(states.MACHINES) == set(ev.STREAM_TYPES) - {"schedule", "queue", "definition"}
     for machine in states.MACHINES:
         in_table = {event_type for (_, event_type) in states.MACHINES[machine]}
         assert in_table == {name for name, m in ev.EVENT_DATA.items() if m.stream_type == machine}, machine
     assert (ev.JOB_EVENT_TYPES | ev.WORKFLOW_EVENT_TYPES | ev.TOKEN_EVENT_TYPES | ev.FLOW_EVENT_TYPES
-            == ev.EVENT_TYPES == set(ev.EVENT_DATA))
+            | ev.DEFINITION_EVENT_TYPES == ev.EVENT_TYPES == set(ev.EVENT_DATA))
     assert set(dashboard_states.event_status()) == ev.EVENT_TYPES
     assert set(dashboard_states.COLOURS) >= states.statuses("job") | states.statuses("workflow")
 
@@ -66,6 +67,9 @@ def _data(event_type: str, **overrides) -> ev.EventData:
         "Released": dict(attempt=1, reason="shutdown"),
         "Cancelled": dict(reason="cancelled by test"),
         "Triggered": dict(payload={"approved": True}),
+        "StepReopened": dict(status="blocked", run_at=T0, reason="resume"),
+        "WorkflowResumed": dict(steps=["a"], reason="resume"),
+        "DefinitionStored": dict(name="d", document={"steps": [{"step": "a", "task": "echo"}]}),
         "WorkflowSubmitted": dict(name="wf", steps=[{"step": "a", "task": "echo"}]),
         "WorkflowSucceeded": {},
         "WorkflowFailed": dict(error="a dead"),
@@ -91,10 +95,17 @@ JOB_PATHS: list[list[tuple[str, dict]]] = [
      ("DeadLettered", {"attempt": 0})],
     [("Enqueued", {"status": "waiting"}), ("Succeeded", {"attempt": None})],
     [("Enqueued", {"status": "waiting"}), ("Cancelled", {})],
+    # a resumed workflow's steps: dead, cancelled and skipped ones run again;
+    # a deadline skips what has not started
+    [("Enqueued", {"status": "blocked"}), ("Skipped", {}), ("StepReopened", {}), ("StepUnblocked", {}),
+     ("Skipped", {}), ("StepReopened", {"status": "waiting"}), ("Skipped", {}),
+     ("StepReopened", {"status": "pending"}), ("Claimed", {}), ("Failed", {}), ("DeadLettered", {}),
+     ("StepReopened", {"status": "pending"}), ("Cancelled", {}), ("StepReopened", {"status": "pending"})],
 ]
 WORKFLOW_PATHS = [[("WorkflowSubmitted", {}), ("WorkflowSucceeded", {})],
                   [("WorkflowSubmitted", {}), ("WorkflowFailed", {})],
-                  [("WorkflowSubmitted", {}), ("WorkflowCancelled", {})]]
+                  [("WorkflowSubmitted", {}), ("WorkflowCancelled", {}), ("WorkflowResumed", {}),
+                   ("WorkflowFailed", {"reason": "deadline"}), ("WorkflowResumed", {})]]
 TOKEN_PATHS = [[("TokenCreated", {}), ("TokenRevoked", {}), ("TokenCreated", {"scope": "admin"})]]
 
 

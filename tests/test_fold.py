@@ -45,7 +45,8 @@ class JobWalk:
                                        queue=rng.choice(["default", "q2"]), priority=rng.randint(-2, 2),
                                        max_retries=rng.randint(0, 3), payload={"n": rng.randint(0, 9)},
                                        run_at=rng.choice([None, at]), step=rng.choice([None, "s1"]),
-                                       depends_on=rng.choice([None, ["a"]])))
+                                       depends_on=rng.choice([None, ["a"]]),
+                                       element_of=rng.choice([None, "s1"]), element_index=rng.randint(0, 9)))
         else:
             for (source, event_type), target in states.JOB_TRANSITIONS.items():
                 if source != self.status:
@@ -83,15 +84,32 @@ class JobWalk:
             "Cancelled": lambda: ev.Cancelled(reason="cancelled by test"),
             "Triggered": lambda: ev.Triggered(payload={"ok": True}),
         }
+        if event_type == "StepReopened":
+            return [ev.StepReopened(status=s, run_at=rng.choice([None, at]), reason="resume")
+                    for s in sorted(target)]
         return [simple[event_type]()]
 
 
 def _workflow_events(rng: random.Random, workflow_id: UUID) -> list[NewEvent]:
     first = NewEvent(stream_id=workflow_id, version=1, tags={"wf": "yes"}, workflow_id=workflow_id,
-                     data=ev.WorkflowSubmitted(name="walk", steps=[{"step": "s1", "task": "echo"}]))
-    end = rng.choice([None, ev.WorkflowSucceeded(), ev.WorkflowFailed(error="e"), ev.WorkflowCancelled()])
-    return [first] + ([NewEvent(stream_id=workflow_id, version=2, data=end, workflow_id=workflow_id)]
-                      if end else [])
+                     data=ev.WorkflowSubmitted(name="walk", steps=[{"step": "s1", "task": "echo"}],
+                                              result=rng.choice([None, {"step": "s1"}]),
+                                              deadline_seconds=5, deadline_at=T0,
+                                              definition=rng.choice([None, {"name": "d", "version": 2}]),
+                                              parent=rng.choice([None, {"workflow_id": str(workflow_id),
+                                                                        "job_id": str(workflow_id),
+                                                                        "step": "s", "depth": 1}])))
+    events = [first]
+    ends = [None, ev.WorkflowSucceeded(result=rng.choice([None, {"r": 1}])), ev.WorkflowFailed(error="e"),
+            ev.WorkflowFailed(error="deadline: late", reason="deadline"), ev.WorkflowCancelled()]
+    while (end := rng.choice(ends)) is not None:  # a failed or cancelled one may be resumed
+        events.append(NewEvent(stream_id=workflow_id, version=len(events) + 1, data=end,
+                               workflow_id=workflow_id))
+        if end.type == ev.WorkflowSucceeded.type or rng.random() < 0.5:
+            break
+        events.append(NewEvent(stream_id=workflow_id, version=len(events) + 1, workflow_id=workflow_id,
+                               data=ev.WorkflowResumed(steps=["s1"], deadline_at=rng.choice([None, T0 + timedelta(seconds=9)]))))
+    return events
 
 
 def _statements(rng: random.Random, streams: list[list[NewEvent]]) -> list[list[NewEvent]]:

@@ -30,6 +30,8 @@ from qforge.commands.claim import ClaimedJob, claim
 from qforge.commands.enqueue import JobSpec, enqueue
 from qforge.commands.errors import Conflict, NotFound
 from qforge.commands.manage import cancel_job, recover_stale, retry_job
+from qforge.commands.definitions import DefinitionSpec, start_definition, store_definition
+from qforge.commands.resume import resume
 from qforge.commands.report import Report, complete, fail, heartbeat
 from qforge.db import connect
 from qforge.events.states import JOB_ACTIVE
@@ -141,6 +143,7 @@ class Operator:
     def __init__(self, conn: psycopg.Connection, rng: random.Random, job_ids: list[UUID]):
         self.conn, self.rng, self.job_ids = conn, rng, job_ids
         self.manual_retries = 0
+        self.resumes = 0
         self.conflicts = 0
 
     def round(self, clock: Clock) -> None:
@@ -162,6 +165,11 @@ class Operator:
                                     " ORDER BY random() LIMIT 3", ["dead", "cancelled"]):
                 if self._tolerating(lambda: retry_job(self.conn, job_id, actor="operator", now=now)):
                     self.manual_retries += 1
+        if self.resumes < 15 and self.rng.random() < 0.3:  # run a failed or cancelled workflow again
+            for workflow_id in self._ids("SELECT id FROM workflows WHERE status = ANY(%s)"
+                                         " ORDER BY random() LIMIT 1", ["failed", "cancelled"]):
+                if self._tolerating(lambda: resume(self.conn, workflow_id, actor="operator", now=now)):
+                    self.resumes += 1
         with self.conn.cursor(row_factory=dict_row) as cur:
             cur.execute("SELECT workflow_id, step FROM jobs WHERE status = 'waiting'"
                         " AND step_type = 'wait_for_trigger'")
@@ -329,6 +337,10 @@ def test_randomized_workload_replays_to_exactly_the_live_projections(db_url, bac
             job_ids += [e.id for e in enqueue(main, specs[start:start + 250], now=clock.now)]
         workflow_ids = [wf.submit(main, _workflow_spec(rng, n), now=clock.now)[0]
                         for n in range(WORKFLOWS)]
+        for version in range(2):  # a stored definition, two versions, and a run of it
+            store_definition(main, "nightly", DefinitionSpec.model_validate(
+                {"retry_policy": {"max_retries": version}, "steps": [{"step": "a", "task": "ok"}]}), now=clock.now)
+        workflow_ids.append(start_definition(main, "nightly", {"n": 1}, actor="scheduler", now=clock.now))
         with main.cursor() as cur:
             cur.execute("SELECT id FROM jobs WHERE workflow_id IS NOT NULL")
             step_ids = [row[0] for row in cur.fetchall()]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
@@ -21,8 +21,11 @@ def search(conn: ReadConn,
            actor: Annotated[str | None, Query(max_length=200, description=(
                "only executions this actor (a token's name, a worker...) wrote an event for"))] = None,
            limit: limit_query = 50,
-           cursor: Annotated[str | None, Query(max_length=500)] = None) -> dict:
+           cursor: Annotated[str | None, Query(max_length=500)] = None,
+           waiting: Annotated[Literal["trigger", "timer"] | None, Query(description=(
+               "only running workflows that wait on nothing but a trigger (or a timer)"))] = None) -> dict:
     """Jobs and workflows carrying every given tag (and touched by `actor`), newest first."""
     with bad_query():
-        items, next_cursor = executions.search(conn, tags_of(tag), actor=actor, limit=limit, cursor=cursor)
+        items, next_cursor = executions.search(conn, tags_of(tag), actor=actor, limit=limit, cursor=cursor,
+                                               waiting=waiting)
     return {"items": items, "next": next_cursor}

@@ -96,6 +96,22 @@ class StreamTicket(BaseModel):
 # --------------------------------------------------------------------------- workflows
 
 
+class ElementView(BaseModel):
+    index: int
+    job_id: UUID
+    status: str
+    attempts: int
+    error: str | None = None
+
+
+class ElementsView(BaseModel):
+    """A fan-out step's elements: counts by status and each element."""
+
+    total: int
+    counts: dict[str, int]
+    items: list[ElementView]
+
+
 class StepView(BaseModel):
     step: str
     status: str
@@ -110,6 +126,14 @@ class StepView(BaseModel):
     task: str | None = None
     when: dict[str, Any] | None = None
     on_failure: str | None = None
+    elements: ElementsView | None = None  # a for_each step's elements
+    child_workflow_id: UUID | None = None  # a workflow step's sub-workflow
+
+
+class WaitingOn(BaseModel):
+    step: str
+    kind: str  # trigger | timer
+    until: datetime | None = None
 
 
 class WorkflowView(BaseModel):
@@ -120,6 +144,13 @@ class WorkflowView(BaseModel):
     created_at: datetime
     finished_at: datetime | None = None
     steps: list[StepView]
+    # beyond 0.1.0's shape: why it failed, what it returned ("result"), its deadline
+    error: str | None = None
+    result: Any = None
+    deadline_at: datetime | None = None
+    definition: dict[str, Any] | None = None  # {"name", "version"}: the stored definition it ran
+    parent: dict[str, Any] | None = None  # {"workflow_id", "step"}: a sub-workflow's parent step
+    waiting_on: list[WaitingOn] = []  # what a running workflow waits for, when only a trigger or timer
 
 
 class WorkflowCreated(BaseModel):

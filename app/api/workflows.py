@@ -12,6 +12,7 @@ from qforge.api.common import ERRORS, archive_dir, as_of_view, bad_query, limit_
 from qforge.api.deps import Conn, ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, TriggerRequest, WorkflowCreated, WorkflowList, WorkflowView
+from qforge.commands import resume
 from qforge.commands import workflows as commands
 from qforge.commands.specs import WorkflowSpec
 from qforge.events import audit_proof, store
@@ -90,6 +91,16 @@ def workflow_proof(workflow_id: UUID, conn: Conn, request: Request) -> dict:
 def cancel_workflow(workflow_id: UUID, conn: Conn, actor: Actor) -> dict:
     """Cancel every unfinished step and the workflow (409 when it already finished)."""
     commands.cancel(conn, workflow_id, actor=actor)
+    return _workflow(conn, workflow_id)
+
+
+@router.post("/workflows/{workflow_id}/resume", response_model=WorkflowView, responses=ERRORS,
+             **needs("operate"))
+def resume_workflow(workflow_id: UUID, conn: Conn, actor: Actor) -> dict:
+    """Run a failed or cancelled workflow again from where it stopped: its dead, cancelled and
+    skipped steps run again with fresh retry budgets, succeeded steps keep their outputs (409
+    when it is running or succeeded)."""
+    resume.resume(conn, workflow_id, actor=actor)
     return _workflow(conn, workflow_id)
 
 

@@ -11,7 +11,9 @@ from typing import Any, Iterable
 from qforge.events import types as ev
 from qforge.events.states import BLOCKED, DEAD, JOB_FINISHED, PENDING, SKIPPED, STEP_FINE, SUCCEEDED, WAITING
 
-STEP_TYPES = ("task", "wait_for_trigger", "sleep")
+STEP_TYPES = ("task", "wait_for_trigger", "sleep", "workflow")
+# Steps that no worker runs and that the DAG rules start themselves: they are created blocked.
+STARTED_BY_THE_RULES = frozenset({"workflow"})
 # What the evaluator marks a step it just unblocked, within one evaluation (not a stored status).
 UNBLOCKED = "unblocked"
 
@@ -24,16 +26,37 @@ class StepDef:
     type: str = "task"
     task: str | None = None
     depends_on: tuple[str, ...] = ()
-    when: dict[str, Any] | None = None
+    when: dict[str, Any] | str | None = None  # a condition, or "otherwise"
     on_failure: str | None = None
     seconds: float | None = None
+    for_each: dict[str, Any] | None = None  # {"step", "path"}: run once per element of that list
+    max_parallel: int | None = None  # elements running at once (None: all)
+    definition: str | None = None  # a workflow step: the stored definition its child runs
 
     def dependencies(self) -> tuple[str, ...]:
-        """depends_on plus the step a `when` condition reads (always a dependency)."""
-        extra = self.when.get("step") if isinstance(self.when, dict) else None
-        if extra and extra not in self.depends_on:
-            return (*self.depends_on, extra)
-        return self.depends_on
+        """depends_on plus the steps a `when` condition or a `for_each` reads (always dependencies)."""
+        found = self.depends_on
+        extras = condition_steps(self.when) + ([self.for_each.get("step")] if isinstance(self.for_each, dict) else [])
+        for extra in extras:
+            if isinstance(extra, str) and extra not in found:
+                found = (*found, extra)
+        return found
+
+
+OTHERWISE = "otherwise"  # `when`: none of the siblings' conditions on the same upstream step matched
+COMBINATORS = ("all", "any", "not")
+
+
+def condition_steps(when: Any) -> list[str]:
+    """The steps a condition reads (its leaves), in order."""
+    if not isinstance(when, dict):
+        return []
+    if "all" in when or "any" in when:
+        parts = when.get("all", when.get("any"))
+        return [name for part in (parts if isinstance(parts, list) else []) for name in condition_steps(part)]
+    if "not" in when:
+        return condition_steps(when["not"])
+    return [when["step"]] if isinstance(when.get("step"), str) else []
 
 
 def handlers_of(steps: Iterable[StepDef]) -> dict[str, list[str]]:
@@ -64,6 +87,10 @@ def validate(steps: list[StepDef]) -> list[str]:
             problems.append(f"{where}: unknown type '{step.type}' (expected one of {', '.join(STEP_TYPES)})")
         if step.type == "task" and not step.task:
             problems.append(f"{where}: 'task' is required for a task step")
+        if step.type == "workflow" and not step.definition:
+            problems.append(f"{where}: 'definition' is required for a workflow step")
+        if step.type != "workflow" and step.definition:
+            problems.append(f"{where}: 'definition' is only for a workflow step")
         if step.type == "sleep" and (step.seconds is None or step.seconds < 0):
             problems.append(f"{where}: a sleep step needs 'seconds' (>= 0)")
         for dep in step.depends_on:
@@ -73,6 +100,8 @@ def validate(steps: list[StepDef]) -> list[str]:
                 problems.append(f"{where} depends on unknown step '{dep}'")
         if step.when is not None:
             problems.extend(_condition_problems(step, known))
+        if step.for_each is not None:
+            problems.extend(_for_each_problems(step, known))
         if step.on_failure is not None:
             if step.on_failure == step.name:
                 problems.append(f"{where}: on_failure names the step itself")
@@ -89,21 +118,58 @@ def validate(steps: list[StepDef]) -> list[str]:
 
 
 def _condition_problems(step: StepDef, known: set[str]) -> list[str]:
-    when, where = step.when, f"step '{step.name}'"
+    where = f"step '{step.name}'"
+    if step.when == OTHERWISE:
+        return [] if step.depends_on else [f"{where}: 'when: otherwise' needs depends_on (the upstream step"
+                                            " whose siblings' conditions it completes)"]
+    return _condition_shape_problems(step.when, step.name, known, f"{where}: 'when'", 0)
+
+
+def _condition_shape_problems(when: Any, name: str, known: set[str], where: str, depth: int) -> list[str]:
+    if depth > 16:
+        return [f"{where}: conditions nested more than 16 deep"]
+    if isinstance(when, dict) and any(k in when for k in COMBINATORS):
+        keys = [k for k in COMBINATORS if k in when]
+        if len(keys) != 1 or len(when) != 1:
+            return [f"{where} takes exactly one of all, any, not (alone)"]
+        key = keys[0]
+        if key == "not":
+            return _condition_shape_problems(when["not"], name, known, f"{where}.not", depth + 1)
+        parts = when[key]
+        if not isinstance(parts, list) or not parts:
+            return [f"{where}.{key} must be a non-empty list of conditions"]
+        return [p for i, part in enumerate(parts)
+                for p in _condition_shape_problems(part, name, known, f"{where}.{key}[{i}]", depth + 1)]
     if not isinstance(when, dict) or not isinstance(when.get("step"), str):
-        return [f"{where}: 'when' needs a 'step'"]
+        return [f"{where} needs a 'step'" if isinstance(when, dict)
+                else f"{where} must be a condition object or \"otherwise\""]
     problems = []
-    if when["step"] == step.name:
-        problems.append(f"{where}: 'when' reads the step itself")
+    if when["step"] == name:
+        problems.append(f"{where} reads the step itself")
     elif when["step"] not in known:
-        problems.append(f"{where}: 'when' names unknown step '{when['step']}'")
+        problems.append(f"{where} names unknown step '{when['step']}'")
+    unknown = sorted(set(when) - {"step", "path", "equals", "not_equals", "in"})
+    if unknown:
+        problems.append(f"{where}: unknown field(s) {', '.join(unknown)}")
     tests = [k for k in ("equals", "not_equals", "in") if k in when]
     if len(tests) != 1:
-        problems.append(f"{where}: 'when' needs exactly one of equals, not_equals, in")
+        problems.append(f"{where} needs exactly one of equals, not_equals, in")
     elif tests[0] == "in" and not isinstance(when["in"], list):
-        problems.append(f"{where}: 'when.in' must be a list")
+        problems.append(f"{where}.in must be a list")
     if "path" in when and when["path"] is not None and not isinstance(when["path"], str):
-        problems.append(f"{where}: 'when.path' must be a string")
+        problems.append(f"{where}.path must be a string")
+    return problems
+
+
+def _for_each_problems(step: StepDef, known: set[str]) -> list[str]:
+    source, where = step.for_each or {}, f"step '{step.name}'"
+    problems = []
+    if step.type != "task":
+        problems.append(f"{where}: for_each needs a task step (not {step.type})")
+    if source.get("step") == step.name:
+        problems.append(f"{where}: 'for_each' reads the step itself")
+    elif source.get("step") not in known:
+        problems.append(f"{where}: 'for_each' names unknown step '{source.get('step')}'")
     return problems
 
 
@@ -151,8 +217,15 @@ def read_path(output: Any, path: str | None) -> Any:
     return value
 
 
-def condition_holds(when: dict[str, Any], output: Any) -> bool:
-    value = read_path(output, when.get("path"))
+def condition_holds(when: dict[str, Any], outputs: dict[str, Any]) -> bool:
+    """Whether a condition holds over the steps' outputs (by step name)."""
+    if "all" in when:
+        return all(condition_holds(part, outputs) for part in when["all"])
+    if "any" in when:
+        return any(condition_holds(part, outputs) for part in when["any"])
+    if "not" in when:
+        return not condition_holds(when["not"], outputs)
+    value = read_path(outputs.get(when["step"]), when.get("path"))
     if "equals" in when:
         return value == when["equals"]
     if "not_equals" in when:
@@ -160,8 +233,23 @@ def condition_holds(when: dict[str, Any], output: Any) -> bool:
     return value in when.get("in", [])
 
 
+def otherwise_holds(step: StepDef, states: dict[str, "StepState"], status: dict[str, str]) -> bool:
+    """`when: otherwise`: no sibling (a step whose condition reads one of this step's upstream
+    steps) has a condition that holds, its steps having succeeded."""
+    upstream = set(step.depends_on)
+    for name, state in states.items():
+        when = state.definition.when
+        if name == step.name or not isinstance(when, dict) or not upstream & set(condition_steps(when)):
+            continue
+        read = condition_steps(when)
+        if all(status.get(r) == SUCCEEDED for r in read) and condition_holds(
+                when, {r: states[r].output for r in read}):
+            return False
+    return True
+
+
 def initial_status(step: StepDef, handlers: dict[str, list[str]]) -> str:
-    if step.dependencies() or step.name in handlers:
+    if step.dependencies() or step.name in handlers or step.type in STARTED_BY_THE_RULES:
         return BLOCKED
     return PENDING if step.type == "task" else WAITING
 
@@ -250,7 +338,11 @@ def _decide(state: StepState, states: dict[str, StepState], status: dict[str, st
         if status[dep] in JOB_FINISHED and status[dep] != SUCCEEDED:
             return Decision(step.name, ev.Skipped.type, {"reason": f"upstream step '{dep}' {status[dep]}"})
     if all(status[dep] == SUCCEEDED for dep in deps):
-        if step.when is not None and not condition_holds(step.when, states[step.when["step"]].output):
+        if step.when == OTHERWISE:
+            if not otherwise_holds(step, states, status):
+                return Decision(step.name, ev.Skipped.type, {"reason": "a sibling's condition matched"})
+        elif step.when is not None and not condition_holds(
+                step.when, {name: states[name].output for name in condition_steps(step.when)}):
             return Decision(step.name, ev.Skipped.type, {"reason": "condition not met", "when": step.when})
         return Decision(step.name, ev.StepUnblocked.type,
                         {"inputs": {dep: states[dep].output for dep in deps}})

@@ -10,6 +10,7 @@ from psycopg.rows import dict_row
 from qforge.commands.advance import advance
 from qforge.commands.errors import Conflict, NotFound
 from qforge.commands.report import Report, fail
+from qforge.commands.resume import reopen_step
 from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.states import JOB_ACTIVE, allows
@@ -44,14 +45,16 @@ def cancel_job(conn, job_id: UUID, *, actor: str = "api", now: datetime | None =
 
 
 def retry_job(conn, job_id: UUID, *, actor: str = "api", now: datetime | None = None) -> None:
-    """Run a dead or cancelled job again, with a fresh retry budget."""
+    """Run a dead or cancelled job again, with a fresh retry budget (a workflow's step: with the
+    steps downstream that its end skipped, re-opening the workflow if it had ended)."""
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         row = _lock(cur, job_id)
         if row["status"] in JOB_ACTIVE or not allows("job", row["status"], ev.Retried.type):
             raise Conflict(f"job {job_id} is {row['status']}; only a dead or cancelled job can be retried")
         if row["workflow_id"]:
-            raise Conflict(f"job {job_id} is step '{row['step']}' of workflow {row['workflow_id']};"
-                           " a workflow step cannot be retried on its own")
+            # a step runs again as part of its workflow: what its end skipped runs again too
+            reopen_step(conn, cur, row["workflow_id"], row["step"], actor=actor, now=now)
+            return
         clock = now or datetime.now(timezone.utc)
         store.append(conn, [NewEvent(stream_id=job_id, version=row["version"] + 1,
                                      data=ev.Retried(manual=True, delay_seconds=0, run_at=clock,

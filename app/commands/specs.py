@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -123,53 +123,76 @@ class JobSpec(FlowFields, Storable):
         return self
 
 
-class Condition(BaseModel):
-    """`when`: the step runs only if step `step`'s output at `path` passes the test."""
+class ForEach(BaseModel):
+    """`for_each`: run the step once per element of step `step`'s output at `path`."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid")
 
-    step: str
-    path: str | None = None
-    equals: Any = None
-    not_equals: Any = None
-    in_: list[Any] | None = Field(default=None, alias="in")
+    step: str = Field(min_length=1, max_length=200)
+    path: str | None = Field(default=None, max_length=1000)
 
 
 class StepSpec(FlowFields):
     """One step of POST /workflows. `type` is checked with the graph, so every problem
     of a definition is reported at once."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     step: str = Field(min_length=1, max_length=200)
     task: str | None = Field(default=None, min_length=1, max_length=200)
     payload: dict[str, Any] = Field(default_factory=dict)
     depends_on: list[str] = Field(default_factory=list, max_length=1000)
-    when: Condition | None = None
+    # a condition {"step", "path"?, "equals" | "not_equals" | "in"}, or {"all" | "any": [...]},
+    # {"not": ...} over conditions, or "otherwise" (checked with the graph: every problem at once)
+    when: dict[str, Any] | Literal["otherwise"] | None = None
     on_failure: str | None = Field(default=None, max_length=200)
-    type: str = Field(default="task", max_length=100, description="task (default) | wait_for_trigger | sleep")
+    type: str = Field(default="task", max_length=100, description="task (default) | wait_for_trigger | sleep | workflow")
     seconds: float | None = Field(default=None, ge=0, le=30 * 86400)
     timeout_seconds: float | None = Field(default=None, gt=0, le=30 * 86400)
     max_retries: int = Field(default=3, ge=0, le=1000)
     priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
     queue: str = Field(default="default", pattern=NAME_PATTERN)
+    backoff_base_seconds: float | None = Field(default=None, gt=0, le=86400)
+    backoff_cap_seconds: float | None = Field(default=None, gt=0, le=30 * 86400)
+    for_each: ForEach | None = None
+    # type "workflow": the stored definition the child runs, and its inputs
+    # (`definition` in JSON; the method definition() below is the step's graph part)
+    definition_name: str | None = Field(default=None, alias="definition", min_length=1, max_length=200)
+    inputs: dict[str, Any] | None = None
+    max_parallel: int | None = Field(default=None, ge=1, le=100_000,
+                                     description="with for_each: elements running at once")
 
     def definition(self) -> dag.StepDef:
         """The parts the DAG rules read."""
-        when = self.when.model_dump(by_alias=True, exclude_unset=True) if self.when else None
+        when = self.when
         return dag.StepDef(name=self.step, type=self.type, task=self.task,
                            depends_on=tuple(self.depends_on), when=when,
-                           on_failure=self.on_failure, seconds=self.seconds)
+                           on_failure=self.on_failure, seconds=self.seconds,
+                           for_each=self.for_each.model_dump() if self.for_each else None,
+                           max_parallel=self.max_parallel, definition=self.definition_name)
+
+
+class ResultSpec(BaseModel):
+    """`result`: the workflow's result is step `step`'s output (at `path`, if given)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: str = Field(min_length=1, max_length=200)
+    path: str | None = Field(default=None, max_length=1000)
 
 
 class WorkflowSpec(Storable):
-    """POST /workflows: `{"name", "tags"?, "idempotency_key"?, "steps": [...]}`."""
+    """POST /workflows: `{"name", "tags"?, "idempotency_key"?, "result"?, "deadline_seconds"?,
+    "steps": [...]}`."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=200)
     tags: dict[str, str] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    result: ResultSpec | None = None
+    deadline_seconds: float | None = Field(default=None, gt=0, le=365 * 86400, description=(
+        "the workflow fails with reason deadline when it runs longer (running steps are stopped)"))
     steps: list[StepSpec] = Field(min_length=1, max_length=1000)
 
     @field_validator("tags")
@@ -179,7 +202,15 @@ class WorkflowSpec(Storable):
 
     def problems(self) -> list[str]:
         """Every problem of the graph (empty: it may be stored)."""
-        return dag.validate([step.definition() for step in self.steps])
+        problems = dag.validate([step.definition() for step in self.steps])
+        if self.result is not None and self.result.step not in {step.step for step in self.steps}:
+            problems.append(f"result names unknown step '{self.result.step}'")
+        for step in self.steps:  # fields that mean nothing on this kind of step
+            if step.max_parallel is not None and step.for_each is None:
+                problems.append(f"step '{step.step}': max_parallel is only for a for_each step")
+            if step.inputs is not None and step.type != "workflow":
+                problems.append(f"step '{step.step}': inputs are only for a workflow step")
+        return problems
 
 
 def parse_spec(model: type[BaseModel], data: Any) -> Any:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from psycopg.rows import dict_row, tuple_row
 
-from qforge.commands import dag
+from qforge.commands import dag, subflows
 from qforge.commands.advance import advance, load, wait_until
 from qforge.commands.enqueue import job_row
 from qforge.commands.errors import Conflict, Invalid, NotFound
@@ -18,7 +18,7 @@ from qforge.commands.specs import StepSpec, WorkflowSpec
 from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.ids import new_id
-from qforge.events.states import JOB_ACTIVE, WAITING, WORKFLOW_FINISHED
+from qforge.events.states import JOB_ACTIVE, RUNNING, WAITING, WORKFLOW_FINISHED
 from qforge.events.types import NewEvent
 from qforge.sql import q
 
@@ -33,22 +33,48 @@ def _step_data(step: StepSpec, handlers: dict[str, list[str]], now: datetime) ->
                        step_type=step.type, depends_on=list(definition.dependencies()),
                        when=definition.when, on_failure=step.on_failure, seconds=step.seconds,
                        concurrency_key=step.concurrency_key, concurrency_limit=step.concurrency_limit,
-                       fairness_key=step.fairness_key)
+                       fairness_key=step.fairness_key,
+                       backoff_base_seconds=step.backoff_base_seconds,
+                       backoff_cap_seconds=step.backoff_cap_seconds)
 
 
 def submit(conn, spec: WorkflowSpec, *, actor: str = "api", now: datetime | None = None,
-           external_id: str | None = None) -> tuple[uuid.UUID, bool]:
+           external_id: str | None = None,
+           definition: dict[str, Any] | None = None,
+           parent: dict[str, Any] | None = None) -> tuple[uuid.UUID, bool]:
     """Check the graph (every problem at once: Invalid), then store the workflow and its steps; (id, created).
 
     `external_id` is the id another system knows the workflow by (the pod
-    orchestrator's workflowId)."""
-    return run(conn, submit_plan(spec, actor=actor, now=now, external_id=external_id))
+    orchestrator's workflowId); `definition` ({"name", "version"}) the stored
+    definition it runs; `parent` ({"workflow_id", "step", "job_id", "depth"}) the
+    step of another workflow that started it (qforge.commands.subflows)."""
+    with conn.transaction():
+        workflow_id, created = run(conn, submit_plan(spec, actor=actor, now=now, external_id=external_id,
+                                                     definition=definition, parent=parent))
+        if created and starts_children(spec):
+            advance(conn, [workflow_id], now=now, actor=actor)  # start root sub-workflows now
+    return workflow_id, created
+
+
+def starts_children(spec: WorkflowSpec) -> bool:
+    """Does the workflow start steps by the rules at once (sub-workflows), beyond storing them?"""
+    return any(step.type in dag.STARTED_BY_THE_RULES for step in spec.steps)
 
 
 def submit_plan(spec: WorkflowSpec, *, actor: str = "api", now: datetime | None = None,
-                external_id: str | None = None) -> Plan[tuple[uuid.UUID, bool]]:
-    """submit() as a plan (qforge.commands.plan), for qforge.submit in the caller's transaction."""
+                external_id: str | None = None, definition: dict[str, Any] | None = None,
+                parent: dict[str, Any] | None = None) -> Plan[tuple[uuid.UUID, bool]]:
+    """submit()'s statements as a plan (qforge.commands.plan), for qforge.submit in the caller's
+    transaction too; submit() then starts root sub-workflows (starts_children)."""
     problems = spec.problems()
+    wanted = sorted({s.definition_name for s in spec.steps if s.type == "workflow" and s.definition_name})
+    if wanted:  # workflow steps naming stored definitions that do not exist
+        [known_rows] = yield [Statement(q("definitions_known"), {"names": wanted}, fetch=True)]
+        known = {row[0] for row in known_rows}
+        problems += [f"step '{s.step}': unknown definition '{s.definition_name}'" for s in spec.steps
+                     if s.type == "workflow" and s.definition_name and s.definition_name not in known]
+    if parent and parent.get("depth", 1) > MAX_NESTING:
+        problems.append(f"sub-workflows nest more than {MAX_NESTING} deep (a definition that starts itself?)")
     if problems:
         raise Invalid("invalid workflow: " + "; ".join(problems), problems)
     clock = now or datetime.now(timezone.utc)
@@ -56,7 +82,11 @@ def submit_plan(spec: WorkflowSpec, *, actor: str = "api", now: datetime | None 
     handlers = dag.handlers_of(s.definition() for s in spec.steps)
     submitted = ev.WorkflowSubmitted(
         name=spec.name, idempotency_key=spec.idempotency_key, external_id=external_id,
-        steps=[s.model_dump(mode="json", by_alias=True, exclude_none=True) for s in spec.steps])
+        steps=[s.model_dump(mode="json", by_alias=True, exclude_none=True) for s in spec.steps],
+        result=spec.result.model_dump(exclude_none=True) if spec.result else None,
+        deadline_seconds=spec.deadline_seconds, definition=definition, parent=parent,
+        deadline_at=(clock + timedelta(seconds=spec.deadline_seconds)
+                     if spec.deadline_seconds is not None else None))
     [stored] = yield [Statement(q("workflow_submit"), {
         "id": workflow_id, "data": json.dumps(submitted.model_dump(mode="json", exclude_none=True)),
         "tags": json.dumps(spec.tags), "now": now, "actor": actor}, fetch=True)]
@@ -68,6 +98,9 @@ def submit_plan(spec: WorkflowSpec, *, actor: str = "api", now: datetime | None 
             for step in spec.steps]
     yield [Statement(q("job_enqueue"), {"jobs": json.dumps(rows), "actor": actor, "now": now})]
     return workflow_id, True
+
+
+MAX_NESTING = 10  # sub-workflows within sub-workflows
 
 
 def _lock_workflow(cur, workflow_id: uuid.UUID) -> dict:
@@ -116,6 +149,20 @@ def cancel(conn, workflow_id: uuid.UUID, *, actor: str = "api",
                                data=ev.WorkflowCancelled(), tags=workflow["tags"],
                                workflow_id=workflow_id))
         store.append(conn, events, actor=actor, now=now)
+        _end_children_and_tell_parent(conn, cur, workflow, actor=actor, now=now)
+
+
+def _end_children_and_tell_parent(conn, cur, workflow: dict, *, actor: str, now: datetime | None) -> None:
+    """A workflow just ended (cancel, deadline): cancel its running sub-workflows (their ids
+    sort after its own, the lock order), and end its own parent's step if it is a child."""
+    for child_id in subflows.children_to_cancel(cur, workflow["id"]):
+        try:
+            cancel(conn, child_id, actor=actor, now=now)
+        except Conflict:
+            pass  # it ended meanwhile
+    if workflow.get("parent_job_id"):
+        cur.execute(q("workflow_get"), {"id": workflow["id"]})
+        subflows.finish_parent(conn, cur.fetchone(), wait=False, actor=actor, now=now)
 
 
 def fire_timers(conn, *, now: datetime | None = None, limit: int = 100,
@@ -151,6 +198,40 @@ def fire_timers(conn, *, now: datetime | None = None, limit: int = 100,
                 ]
             store.append(conn, events, actor=actor, now=now)
             advance(conn, [row["workflow_id"]], now=now, actor=actor)
+            fired += 1
+    return fired
+
+
+def fire_deadlines(conn, *, now: datetime | None = None, limit: int = 100,
+                   actor: str = "monitor") -> int:
+    """Fail running workflows past their deadline; returns how many.
+
+    Running steps are cancelled (their workers stop at the next heartbeat, as
+    after a cancel), every other unfinished step is skipped, and the workflow
+    fails with reason `deadline`, all in one transaction per workflow."""
+    clock = now or datetime.now(timezone.utc)
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(q("workflow_due_deadlines"), {"now": clock, "limit": limit})
+        due = [row[0] for row in cur.fetchall()]
+    fired = 0
+    for workflow_id in due:
+        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            locked = _lock_workflow(cur, workflow_id)
+            workflow, steps = load(cur, workflow_id)
+            if locked["status"] in WORKFLOW_FINISHED or workflow["deadline_at"] > clock:
+                continue  # finished or resumed meanwhile
+            cur.execute(q("job_lock"), {"ids": sorted(r["id"] for r in steps if r["status"] in JOB_ACTIVE)})
+            reason = f"deadline of {workflow['deadline_seconds']:g}s passed"
+            events = [NewEvent(stream_id=r["id"], version=r["version"] + 1,
+                               data=(ev.Cancelled(reason=f"workflow {reason}") if r["status"] == RUNNING
+                                     else ev.Skipped(reason=f"workflow {reason}")),
+                               tags=r["tags"], workflow_id=workflow_id)
+                      for r in cur.fetchall() if r["status"] in JOB_ACTIVE]
+            events.append(NewEvent(stream_id=workflow_id, version=workflow["version"] + 1,
+                                   data=ev.WorkflowFailed(error=f"deadline: {reason}", reason="deadline"),
+                                   tags=workflow["tags"], workflow_id=workflow_id))
+            store.append(conn, events, actor=actor, now=now)
+            _end_children_and_tell_parent(conn, cur, workflow, actor=actor, now=now)
             fired += 1
     return fired
 

@@ -63,6 +63,15 @@ JOB_TRANSITIONS: dict[tuple[str, str], str | frozenset[str]] = {
     # manual retry: a dead or cancelled job runs again
     (DEAD, ev.Retried.type): PENDING,
     (CANCELLED, ev.Retried.type): PENDING,
+    # a resumed workflow runs its dead, cancelled and skipped steps again:
+    # blocked until the DAG rules decide, or at once pending / waiting
+    (DEAD, ev.StepReopened.type): frozenset({BLOCKED, PENDING, WAITING}),
+    (CANCELLED, ev.StepReopened.type): frozenset({BLOCKED, PENDING, WAITING}),
+    (SKIPPED, ev.StepReopened.type): frozenset({BLOCKED, PENDING, WAITING}),
+    # a workflow's deadline passed: what has not started is skipped (running
+    # steps are cancelled, as a cancel does)
+    (PENDING, ev.Skipped.type): SKIPPED,
+    (WAITING, ev.Skipped.type): SKIPPED,
 }
 
 WORKFLOW_TRANSITIONS: dict[tuple[str, str], str | frozenset[str]] = {
@@ -70,6 +79,9 @@ WORKFLOW_TRANSITIONS: dict[tuple[str, str], str | frozenset[str]] = {
     (RUNNING, ev.WorkflowSucceeded.type): SUCCEEDED,
     (RUNNING, ev.WorkflowFailed.type): FAILED,
     (RUNNING, ev.WorkflowCancelled.type): CANCELLED,
+    # resume: from the failed step (or an operator's retry of a dead step)
+    (FAILED, ev.WorkflowResumed.type): RUNNING,
+    (CANCELLED, ev.WorkflowResumed.type): RUNNING,
 }
 
 # API tokens: created (again after a revocation, with a new secret), revoked.

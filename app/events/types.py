@@ -52,7 +52,7 @@ class Enqueued(EventData):
     step: str | None = None
     step_type: str | None = None
     depends_on: list[str] | None = None
-    when: dict[str, Any] | None = None
+    when: dict[str, Any] | str | None = None  # a condition, or "otherwise"
     on_failure: str | None = None
     seconds: float | None = None
     # flow control: at most concurrency_limit jobs with the key run at once;
@@ -62,6 +62,10 @@ class Enqueued(EventData):
     fairness_key: str | None = None
     # The enqueuer's trace context (W3C traceparent/tracestate): the worker's run span joins it.
     trace: dict[str, str] | None = None
+    element_of: str | None = None  # an element of a fan-out step: that step's name
+    element_index: int | None = None  # and its index in the list it runs over
+    backoff_base_seconds: float | None = None  # None: QFORGE_BACKOFF_BASE_SECONDS
+    backoff_cap_seconds: float | None = None  # None: QFORGE_BACKOFF_CAP_SECONDS
 
 
 class StepUnblocked(EventData):
@@ -147,6 +151,18 @@ class Cancelled(EventData):
     reason: str
 
 
+class StepReopened(EventData):
+    """A finished step of a resumed workflow runs again (a resume, or an operator's retry of a
+    dead step): blocked until the DAG rules unblock it, or at once pending/waiting; its retry
+    budget starts afresh and its previous output and error are cleared."""
+
+    type = "StepReopened"
+    stream_type = "job"
+    status: Literal["blocked", "pending", "waiting"]
+    run_at: datetime | None = None  # None: when it occurred
+    reason: str = "resume"
+
+
 class Triggered(EventData):
     """A waiting wait_for_trigger step was triggered; the payload is its output."""
 
@@ -165,17 +181,24 @@ class WorkflowSubmitted(EventData):
     steps: list[dict[str, Any]]
     idempotency_key: str | None = None
     external_id: str | None = None
+    result: dict[str, Any] | None = None  # {"step", "path"?}: what WorkflowSucceeded returns
+    deadline_seconds: float | None = None
+    deadline_at: datetime | None = None  # submitted + deadline_seconds: then it fails with reason deadline
+    definition: dict[str, Any] | None = None  # {"name", "version"}: the stored definition it runs
+    parent: dict[str, Any] | None = None  # {"workflow_id", "step", "job_id", "depth"}: a sub-workflow's
 
 
 class WorkflowSucceeded(EventData):
     type = "WorkflowSucceeded"
     stream_type = "workflow"
+    result: Any = None  # the output the workflow's "result" names, when it names one
 
 
 class WorkflowFailed(EventData):
     type = "WorkflowFailed"
     stream_type = "workflow"
     error: str | None = None
+    reason: str | None = None  # None: a step failed; "deadline": the workflow ran out of time
 
 
 class WorkflowCancelled(EventData):
@@ -289,11 +312,35 @@ class QueueResumed(EventData):
     queue: str
 
 
+class WorkflowResumed(EventData):
+    """A failed or cancelled workflow runs again: `steps` are reopened (StepReopened, same
+    transaction); every other step keeps its status and output."""
+
+    type = "WorkflowResumed"
+    stream_type = "workflow"
+    steps: list[str]
+    reason: str = "resume"  # resume | retry of step '<name>'
+    deadline_at: datetime | None = None  # a new deadline, when the workflow has deadline_seconds
+
+
+# --------------------------------------------------------------------------- stored definitions
+
+
+class DefinitionStored(EventData):
+    """A new version of a stored workflow definition (its stream's version is the definition's)."""
+
+    type = "DefinitionStored"
+    stream_type = "definition"
+    name: str
+    document: dict[str, Any]
+
+
 EVENT_DATA: dict[str, type[EventData]] = {
     model.type: model for model in (
         Enqueued, StepUnblocked, Skipped, Claimed, Heartbeat, Succeeded, Failed, Retried,
-        DeadLettered, Released, Cancelled, Triggered,
-        WorkflowSubmitted, WorkflowSucceeded, WorkflowFailed, WorkflowCancelled,
+        DeadLettered, Released, Cancelled, StepReopened, Triggered,
+        WorkflowSubmitted, WorkflowSucceeded, WorkflowFailed, WorkflowCancelled, WorkflowResumed,
+        DefinitionStored,
         TokenCreated, TokenRevoked,
         ScheduleCreated, ScheduleUpdated, SchedulePaused, ScheduleResumed, ScheduleFired,
         ScheduleSkipped, ScheduleDeleted, QueueConfigured, QueuePaused, QueueResumed,
@@ -304,7 +351,8 @@ JOB_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_t
 WORKFLOW_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "workflow")
 TOKEN_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "token")
 FLOW_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type in ("schedule", "queue"))
-STREAM_TYPES = ("job", "workflow", "token", "schedule", "queue")
+DEFINITION_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "definition")
+STREAM_TYPES = ("job", "workflow", "definition", "token", "schedule", "queue")
 
 
 def _failed_v1(data: dict[str, Any]) -> dict[str, Any]:

@@ -7,11 +7,15 @@ from uuid import UUID
 
 from psycopg.rows import dict_row
 
+from qforge.events.states import BLOCKED, JOB_ACTIVE, RUNNING, WAITING
 from qforge.projections.pages import fetch_page
 from qforge.sql import q
 
+NEVER_YEAR = 9999  # a trigger wait without timeout waits "until" 9999-12-31: no until
+
 # GET /workflows/{id}.
-WORKFLOW_FIELDS = ("id", "name", "status", "tags", "created_at", "finished_at")
+WORKFLOW_FIELDS = ("id", "name", "status", "tags", "created_at", "finished_at", "error", "result",
+                   "deadline_at")
 STEP_FIELDS = ("step", "status", "job_id", "depends_on", "output", "error", "attempts",
                "started_at", "finished_at")
 
@@ -37,10 +41,61 @@ def ordered_steps(workflow: dict[str, Any], steps: list[dict[str, Any]]) -> list
     return sorted(steps, key=lambda row: (rank.get(row["step"], len(rank)), row["step"] or ""))
 
 
-def workflow_view(workflow: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """A workflows row and its step rows (live or as of a position) in the contract's shape."""
+# waiting_on kinds: the step type that waits for each
+WAIT_KINDS = {"trigger": "wait_for_trigger", "timer": "sleep"}
+
+
+def waiting_on(workflow: dict[str, Any], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a running workflow waits for when its only unfinished steps that can move are
+    trigger or timer waits (blocked steps behind them do not count); else []."""
+    if workflow.get("status") != RUNNING:
+        return []
+    kinds = {step_type: kind for kind, step_type in WAIT_KINDS.items()}
+    waits, busy = [], False
+    for row in steps:
+        if row["status"] == WAITING and row.get("step_type") in kinds:
+            until = row.get("run_at")
+            waits.append({"step": row["step"], "kind": kinds[row["step_type"]],
+                          **({"until": until} if until and until.year < NEVER_YEAR else {})})
+        elif row["status"] in JOB_ACTIVE and row["status"] != BLOCKED:
+            busy = True  # due, running, or waiting for a fan-out or a child
+    return [] if busy else waits
+
+
+def elements_view(elements: list[dict[str, Any]]) -> dict[str, Any]:
+    """A fan-out step's elements: how many in each status, and each one (index order)."""
+    counts: dict[str, int] = {}
+    for row in elements:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    return {"total": len(elements), "counts": counts, "items": [
+        {"index": row["element_index"], "job_id": row["id"], "status": row["status"],
+         "attempts": row.get("attempts", 0), "error": row.get("last_error")}
+        for row in sorted(elements, key=lambda r: r["element_index"])]}
+
+
+def workflow_view(workflow: dict[str, Any], rows: list[dict[str, Any]],
+                  children: dict[Any, Any] | None = None) -> dict[str, Any]:
+    """A workflows row and its step rows (live or as of a position) in the contract's shape; the
+    elements of a fan-out step are shown within it, not as steps; `children` (step job id ->
+    sub-workflow id) links workflow steps to their latest child."""
     view = {name: workflow.get(name) for name in WORKFLOW_FIELDS}
-    view["steps"] = [step_view(row) for row in ordered_steps(workflow, steps)]
+    view["waiting_on"] = waiting_on(workflow, [row for row in rows if not row.get("element_of")])
+    view["parent"] = ({"workflow_id": workflow["parent_workflow_id"], "step": workflow["parent_step"]}
+                      if workflow.get("parent_workflow_id") else None)
+    view["definition"] = ({"name": workflow["definition_name"], "version": workflow["definition_version"]}
+                          if workflow.get("definition_name") else None)
+    steps = [row for row in rows if not row.get("element_of")]
+    elements: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("element_of"):
+            elements.setdefault(row["element_of"], []).append(row)
+    fanned = {s.get("step") for s in workflow.get("definition") or []
+              if isinstance(s, dict) and s.get("for_each")}
+    view["steps"] = [step_view(row) | ({"elements": elements_view(elements.get(row["step"], []))}
+                                       if row["step"] in fanned else {})
+                     | ({"child_workflow_id": (children or {}).get(row["id"])}
+                        if row.get("step_type") == "workflow" else {})
+                     for row in ordered_steps(workflow, steps)]
     return view
 
 
@@ -57,7 +112,15 @@ def get_workflow_rows(conn, workflow_id: UUID) -> tuple[dict, list[dict]] | None
 
 def get_workflow(conn, workflow_id: UUID) -> dict[str, Any] | None:
     found = get_workflow_rows(conn, workflow_id)
-    return None if found is None else workflow_view(*found)
+    if found is None:
+        return None
+    children: dict[Any, Any] = {}
+    if any(row.get("step_type") == "workflow" for row in found[1]):
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(q("workflow_children"), {"id": workflow_id})
+            for child in cur.fetchall():  # oldest first: a resumed step's newest child wins
+                children[child["parent_job_id"]] = child["id"]
+    return workflow_view(*found, children=children)
 
 
 def summary_view(row: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:

@@ -263,8 +263,9 @@ WITH report AS (
 ), target AS (
     SELECT j.id, j.version, j.workflow_id, j.chain, j.attempts,
            j.attempts - j.free_attempts > j.max_retries AS exhausted,
-           job_backoff_seconds(j.attempts - j.free_attempts, %(base)s, %(cap)s,
-                               random() * %(jitter)s) AS delay,
+           -- a job's own retry policy (a stored definition's), else the settings
+           job_backoff_seconds(j.attempts - j.free_attempts, coalesce(j.backoff_base_seconds, %(base)s),
+                               coalesce(j.backoff_cap_seconds, %(cap)s), random() * %(jitter)s) AS delay,
            jsonb_build_object('attempt', j.attempts, 'reason', coalesce(r.reason, 'error'),
                               'error', r.error)
            || CASE WHEN r.result IS NULL THEN '{}'::jsonb

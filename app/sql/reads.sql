@@ -64,10 +64,22 @@ WITH wanted AS (
             AND EXISTS (SELECT 1 FROM events e WHERE e.workflow_id = m.id AND e.actor = %(actor)s))
 ), found AS (
     SELECT 'job' AS kind, j.id, j.created_at FROM by_actor m JOIN jobs j ON j.id = m.id
-     WHERE m.kind = 'job'
+     WHERE m.kind = 'job' AND %(wait_type)s::text IS NULL
     UNION ALL
+    -- ?waiting=trigger|timer: running workflows that wait on such a step and on
+    -- nothing else (no step due, running, or waiting for a fan-out or a child);
+    -- the same rule as waiting_on in GET /workflows/{id}
     SELECT 'workflow', w.id, w.created_at FROM by_actor m JOIN workflows w ON w.id = m.id
      WHERE m.kind = 'workflow'
+       AND (%(wait_type)s::text IS NULL
+            OR (w.status = 'running'
+                AND EXISTS (SELECT 1 FROM jobs s WHERE s.workflow_id = w.id AND s.status = 'waiting'
+                               AND s.step_type = %(wait_type)s::text)
+                AND NOT EXISTS (SELECT 1 FROM jobs s WHERE s.workflow_id = w.id
+                                   AND (s.status IN ('pending', 'running')
+                                        OR (s.status = 'waiting'
+                                            AND s.step_type IS DISTINCT FROM 'wait_for_trigger'
+                                            AND s.step_type IS DISTINCT FROM 'sleep')))))
 )
 SELECT kind, id, created_at FROM found
  WHERE %(after_created)s::timestamptz IS NULL

@@ -5,6 +5,25 @@
 -- (the second waits here, then its next statement sees the first's commit).
 SELECT id, status, version FROM workflows WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR UPDATE
 
+-- name: workflow_lock_unless_busy
+-- A sub-workflow that ended locks its parent to end the parent's step, but
+-- never waits for it: it holds its own lock, and locks go parent first (the
+-- monitor finishes the step later: workflow_children_done).
+SELECT id, status, version FROM workflows WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR UPDATE SKIP LOCKED
+
+-- name: workflow_children_done
+-- Sub-workflows that ended while their parent's step still waits for them.
+SELECT c.* FROM workflows c JOIN jobs j ON j.id = c.parent_job_id
+ WHERE c.parent_job_id IS NOT NULL AND c.status <> 'running' AND j.status = 'waiting'
+ ORDER BY c.finished_at
+ LIMIT %(limit)s
+
+-- name: workflow_running_children
+SELECT id FROM workflows WHERE parent_workflow_id = %(id)s AND status = 'running' ORDER BY id
+
+-- name: workflow_children
+SELECT id, parent_job_id, status FROM workflows WHERE parent_workflow_id = %(id)s ORDER BY created_at, id
+
 -- name: workflow_submit
 -- The WorkflowSubmitted event; a repeated idempotency_key conflicts in
 -- idempotency_keys (see job_enqueue), nothing is appended and the caller
@@ -38,3 +57,33 @@ SELECT * FROM workflows WHERE id = %(id)s
 
 -- name: workflow_steps
 SELECT * FROM jobs WHERE workflow_id = %(id)s ORDER BY created_at, step
+
+-- name: workflow_due_deadlines
+-- Running workflows past their deadline (the partial index workflows_deadline
+-- holds just the running ones that have a deadline), earliest first.
+SELECT id FROM workflows
+ WHERE status = 'running' AND deadline_at IS NOT NULL
+   AND deadline_at <= coalesce(%(now)s::timestamptz, now())
+ ORDER BY deadline_at
+ LIMIT %(limit)s
+
+-- name: workflow_step_rows
+-- A workflow's steps without the elements of its fan-out steps: what the DAG
+-- rules read each time a step ends (a fan-out's elements are summed up by
+-- fanout_summary instead of read one by one).
+SELECT * FROM jobs WHERE workflow_id = %(id)s AND element_of IS NULL ORDER BY created_at, step
+
+-- name: fanout_summary
+SELECT count(*) AS total,
+       count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE status IN ('pending', 'running')) AS active,
+       count(*) FILTER (WHERE status IN ('dead', 'cancelled')) AS died,
+       count(*) FILTER (WHERE status = 'blocked') AS blocked
+  FROM jobs WHERE workflow_id = %(workflow_id)s AND element_of = %(step)s
+
+-- name: fanout_elements
+-- Elements of a fan-out step in some statuses, by index (at most limit).
+SELECT * FROM jobs
+ WHERE workflow_id = %(workflow_id)s AND element_of = %(step)s AND status = ANY(%(statuses)s::text[])
+ ORDER BY element_index
+ LIMIT %(limit)s

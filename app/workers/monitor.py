@@ -20,7 +20,8 @@ from psycopg.rows import tuple_row
 from qforge.commands import workers
 from qforge.commands.manage import recover_stale
 from qforge.commands.schedules import fire_due, next_due
-from qforge.commands.workflows import fire_timers
+from qforge.commands.subflows import finish_parents
+from qforge.commands.workflows import fire_deadlines, fire_timers
 from qforge.events import audit
 from qforge.settings import Settings, get_settings
 from qforge.sql import q
@@ -134,6 +135,12 @@ class Monitor:
         fired = sum(_drain_counts(lambda: fire_timers(conn, limit=BATCH_LIMIT, actor=self.actor)))
         if fired:
             log.info("fired %d timers (sleep steps ended, trigger waits timed out)", fired)
+        late = sum(_drain_counts(lambda: fire_deadlines(conn, limit=BATCH_LIMIT, actor=self.actor)))
+        if late:
+            log.info("failed %d workflows past their deadline", late)
+        ended = sum(_drain_counts(lambda: finish_parents(conn, limit=BATCH_LIMIT, actor=self.actor)))
+        if ended:
+            log.info("ended %d workflow steps whose sub-workflow ended", ended)
         if time.monotonic() < self.judge_after:
             return
         recovered = _drain(lambda: recover_stale(conn, stale_seconds=stale, limit=BATCH_LIMIT, actor=self.actor))

@@ -44,7 +44,8 @@ BEGIN
                       run_at, timeout_seconds, payload, result, last_error, tags, idempotency_key,
                       workflow_id, step, step_type, depends_on, condition, on_failure, sleep_seconds,
                       worker, heartbeat_at, started_at, finished_at, created_at, updated_at,
-                      last_position, chain, concurrency_key, concurrency_limit, fairness_key, trace)
+                      last_position, chain, concurrency_key, concurrency_limit, fairness_key, trace,
+                      element_of, element_index, backoff_base_seconds, backoff_cap_seconds)
     SELECT e.stream_id, e.version, e.d ->> 'task', coalesce(e.d ->> 'queue', 'default'), s.status,
            coalesce((e.d ->> 'priority')::integer, 0), 0, 0, coalesce((e.d ->> 'max_retries')::integer, 3),
            coalesce((e.d ->> 'run_at')::timestamptz, e.occurred_at), (e.d ->> 'timeout_seconds')::float8,
@@ -53,7 +54,9 @@ BEGIN
            e.d ->> 'on_failure', (e.d ->> 'seconds')::float8,
            NULL, NULL, CASE WHEN s.status = 'waiting' THEN e.occurred_at END, NULL,
            e.occurred_at, e.occurred_at, e.position, e.hash,
-           e.d ->> 'concurrency_key', (e.d ->> 'concurrency_limit')::integer, e.d ->> 'fairness_key', e.d -> 'trace'
+           e.d ->> 'concurrency_key', (e.d ->> 'concurrency_limit')::integer, e.d ->> 'fairness_key', e.d -> 'trace',
+           e.d ->> 'element_of', (e.d ->> 'element_index')::integer,
+           (e.d ->> 'backoff_base_seconds')::float8, (e.d ->> 'backoff_cap_seconds')::float8
       FROM (SELECT x.*, event_upcast_data(x.type, x.schema_version, x.data) AS d
               FROM new_events x
              WHERE x.stream_type = 'job' AND x.version = 1
@@ -79,11 +82,13 @@ BEGIN
             free_attempts = CASE
                 WHEN e.type = 'Released' THEN j.free_attempts + 1
                 WHEN e.type = 'Retried' AND coalesce((e.d ->> 'manual')::boolean, false) THEN j.attempts
+                WHEN e.type = 'StepReopened' THEN j.attempts
                 ELSE j.free_attempts END,
             run_at = CASE e.type
                 WHEN 'StepUnblocked' THEN coalesce((e.d ->> 'run_at')::timestamptz, e.occurred_at)
                 WHEN 'Retried' THEN (e.d ->> 'run_at')::timestamptz
                 WHEN 'Released' THEN e.occurred_at
+                WHEN 'StepReopened' THEN coalesce((e.d ->> 'run_at')::timestamptz, e.occurred_at)
                 ELSE j.run_at END,
             -- an unblocked step receives its dependencies' outputs; a failure
             -- handler also the error of the step it handles
@@ -97,10 +102,12 @@ BEGIN
                 WHEN 'Succeeded' THEN coalesce(e.d -> 'result', 'null'::jsonb)
                 WHEN 'Triggered' THEN coalesce(e.d -> 'payload', '{}'::jsonb)
                 WHEN 'Failed' THEN coalesce(e.d -> 'result', j.result)
+                WHEN 'StepReopened' THEN NULL
                 ELSE j.result END,
             last_error = CASE
                 WHEN e.type = 'Failed' THEN e.d ->> 'error'
                 WHEN e.type IN ('DeadLettered', 'Cancelled', 'Skipped') AND e.d ? 'error' THEN e.d ->> 'error'
+                WHEN e.type = 'StepReopened' THEN NULL
                 ELSE j.last_error END,
             worker = CASE WHEN e.type = 'Claimed' THEN coalesce(e.d ->> 'worker', e.actor) ELSE j.worker END,
             heartbeat_at = CASE WHEN e.type IN ('Claimed', 'Heartbeat') THEN e.occurred_at
@@ -108,12 +115,14 @@ BEGIN
             -- a wait step's start is when the wait began
             started_at = CASE
                 WHEN e.type = 'Claimed' THEN e.occurred_at
-                WHEN e.type = 'StepUnblocked' AND e.d ->> 'status' = 'waiting' THEN e.occurred_at
+                WHEN e.type IN ('StepUnblocked', 'StepReopened') AND e.d ->> 'status' = 'waiting'
+                    THEN e.occurred_at
+                WHEN e.type = 'StepReopened' THEN NULL
                 ELSE j.started_at END,
             finished_at = CASE
                 WHEN e.type IN ('Succeeded', 'Triggered', 'DeadLettered', 'Cancelled', 'Skipped')
                     THEN e.occurred_at
-                WHEN e.type = 'Retried' THEN NULL
+                WHEN e.type IN ('Retried', 'StepReopened') THEN NULL
                 ELSE j.finished_at END
           FROM (SELECT x.*, event_upcast_data(x.type, x.schema_version, x.data) AS d
                   FROM new_events x
@@ -133,12 +142,20 @@ BEGIN
     -- New workflows, then the later events of workflows.
     IF new_workflows > 0 THEN
     INSERT INTO workflows (id, version, name, status, tags, idempotency_key, external_id, definition,
-                           error, created_at, updated_at, finished_at, last_position, chain)
+                           error, created_at, updated_at, finished_at, last_position, chain,
+                           result_from, result, deadline_seconds, deadline_at,
+                           definition_name, definition_version, parent_workflow_id, parent_job_id,
+                           parent_step, nesting)
     SELECT e.stream_id, e.version, e.data ->> 'name',
            coalesce(state_target('workflow', NULL, e.type, NULL),
                     state_refuse('workflow', NULL, e.type, NULL, e.stream_id)),
            coalesce(e.tags, '{}'), e.data ->> 'idempotency_key', e.data ->> 'external_id',
-           e.data -> 'steps', NULL, e.occurred_at, e.occurred_at, NULL, e.position, e.hash
+           e.data -> 'steps', NULL, e.occurred_at, e.occurred_at, NULL, e.position, e.hash,
+           e.data -> 'result', NULL, (e.data ->> 'deadline_seconds')::float8,
+           (e.data ->> 'deadline_at')::timestamptz,
+           e.data -> 'definition' ->> 'name', (e.data -> 'definition' ->> 'version')::integer,
+           (e.data -> 'parent' ->> 'workflow_id')::uuid, (e.data -> 'parent' ->> 'job_id')::uuid,
+           e.data -> 'parent' ->> 'step', (e.data -> 'parent' ->> 'depth')::integer
       FROM new_events e
      WHERE e.stream_type = 'workflow' AND e.version = 1;
     END IF;
@@ -152,10 +169,20 @@ BEGIN
             chain = e.hash,
             status = coalesce(state_target('workflow', w.status, e.type, NULL),
                               state_refuse('workflow', w.status, e.type, NULL, e.stream_id)),
-            error = CASE WHEN e.type IN ('WorkflowSucceeded', 'WorkflowFailed', 'WorkflowCancelled')
+            -- a resumed workflow runs again: no error, no end, no result yet
+            error = CASE WHEN e.type IN ('WorkflowSucceeded', 'WorkflowFailed', 'WorkflowCancelled',
+                                         'WorkflowResumed')
                          THEN e.data ->> 'error' ELSE w.error END,
             finished_at = CASE WHEN e.type IN ('WorkflowSucceeded', 'WorkflowFailed', 'WorkflowCancelled')
-                               THEN e.occurred_at ELSE w.finished_at END
+                               THEN e.occurred_at
+                               WHEN e.type = 'WorkflowResumed' THEN NULL
+                               ELSE w.finished_at END,
+            result = CASE e.type WHEN 'WorkflowSucceeded' THEN e.data -> 'result'
+                                 WHEN 'WorkflowResumed' THEN NULL
+                                 ELSE w.result END,
+            deadline_at = CASE WHEN e.type = 'WorkflowResumed'
+                               THEN coalesce((e.data ->> 'deadline_at')::timestamptz, w.deadline_at)
+                               ELSE w.deadline_at END
           FROM new_events e
          WHERE e.stream_type = 'workflow' AND e.version > 1
            AND w.id = e.stream_id AND e.version = w.version + 1;

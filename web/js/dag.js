@@ -195,11 +195,21 @@ function kindText(step) {
   const type = step.type || step.step_type;
   if (type === "wait_for_trigger") return "trigger";
   if (type === "sleep") return step.seconds != null ? `sleep ${step.seconds}s` : "sleep";
+  if (type === "workflow") return `↳ ${step.definition || "workflow"}`;
   return step.task || type || "task";
+}
+
+/** A fan-out step's node: how many of its elements succeeded, of all. */
+function elementsText(step) {
+  const elements = step.elements;
+  if (!elements || !elements.total) return null;
+  return `${(elements.counts || {})[S.SUCCEEDED] || 0}/${elements.total}`;
 }
 
 function subtitle(step) {
   const parts = [step.status || "unknown", kindText(step)];
+  const fanned = elementsText(step);
+  if (fanned) parts.push(fanned);
   if (step.attempts > 1) parts.push(`×${step.attempts}`);
   return ellipsize(parts.join(" · "), 26);
 }

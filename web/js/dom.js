@@ -12,12 +12,14 @@ const SVG_NS = "http://www.w3.org/2000/svg";
 // event badges, DAG boxes, bars and timeline dots all paint with those
 // variables, so a colour means the same everywhere.
 import {
-  CANCELLABLE as CANCELLABLE_LIST, COLOURS, EVENT_STATUS, RETRYABLE as RETRYABLE_LIST, S, STATUSES,
+  CANCELLABLE as CANCELLABLE_LIST, COLOURS, EVENT_STATUS, RESUMABLE as RESUMABLE_LIST,
+  RETRYABLE as RETRYABLE_LIST, S, STATUSES,
 } from "./states.js";
 
 export { EVENT_STATUS, S, STATUSES };
 export const CANCELLABLE = new Set(CANCELLABLE_LIST);
 export const RETRYABLE = new Set(RETRYABLE_LIST);
+export const RESUMABLE = new Set(RESUMABLE_LIST);
 
 const statusSheet = new CSSStyleSheet();
 statusSheet.replaceSync(Object.entries(COLOURS).map(([status, colour]) =>

@@ -3,7 +3,7 @@
 import { api, ApiError } from "./api.js";
 import {
   between, clear, codeBlock, dateTime, debounce, emptyState, facts, h, jobLink, pill,
-  STATUSES, statusClass, tagChips, toast, S,
+  RESUMABLE, STATUSES, statusClass, tagChips, toast, workflowLink, S,
 } from "./dom.js";
 import { auditStatus } from "./audit.js";
 import { chooseLayout, isTriggerable, renderDag } from "./dag.js";
@@ -12,7 +12,19 @@ import { subscribe } from "./live.js";
 import { describeCondition } from "./summary.js";
 
 const FALLBACK_REFRESH_MS = 5000;
-const DEFINITION_FIELDS = ["type", "task", "when", "on_failure", "depends_on", "seconds", "timeout_seconds"];
+const DEFINITION_FIELDS = ["type", "task", "when", "on_failure", "depends_on", "seconds", "timeout_seconds",
+  "definition", "for_each", "max_parallel"];
+
+/** A fan-out step's elements: counts by status, then each element (its job), expandable. */
+function elementsList(elements) {
+  const counts = Object.entries(elements.counts || {}).map(([status, n]) => h("span", null, pill(status), ` ${n}`));
+  const rows = (elements.items || []).map((item) => h("li", null,
+    `#${item.index} `, pill(item.status), " ", jobLink(item.job_id),
+    item.attempts > 1 ? ` ×${item.attempts}` : "", item.error ? h("span", { class: "muted" }, ` ${item.error}`) : null));
+  return h("details", { class: "elements", id: "step-elements", open: elements.total <= 20 ? "" : null },
+    h("summary", null, `${elements.total} elements `, ...counts),
+    h("ol", { class: "element-list" }, rows));
+}
 
 /** GET /workflows/{id} steps, completed with the submitted definitions when a field is missing. */
 function mergeDefinitions(steps, history) {
@@ -64,15 +76,20 @@ export function mountWorkflow(container, workflowId) {
 
   const stepUrl = (step) => `/workflows/${encodeURIComponent(workflowId)}/steps/${encodeURIComponent(step)}`;
 
-  async function cancelWorkflow() {
+  /** POST a workflow command (cancel, resume), say how it went, and reload. */
+  async function workflowCommand(command, done, failed) {
     try {
-      await api(`/workflows/${encodeURIComponent(workflowId)}/cancel`, { method: "POST" });
-      toast("Workflow cancelled.", "ok");
+      await api(`/workflows/${encodeURIComponent(workflowId)}/${command}`, { method: "POST" });
+      toast(done, "ok");
     } catch (error) {
-      toast(error instanceof ApiError ? error.message : "Could not cancel the workflow.", "error");
+      toast(error instanceof ApiError ? error.message : failed, "error");
     }
     load();
   }
+
+  const cancelWorkflow = () => workflowCommand("cancel", "Workflow cancelled.", "Could not cancel the workflow.");
+  const resumeWorkflow = () => workflowCommand("resume", "Workflow resumed: its failed steps run again.",
+    "Could not resume the workflow.");
 
   async function trigger(step, textarea, message) {
     let payload;
@@ -132,7 +149,9 @@ export function mountWorkflow(container, workflowId) {
         ["Depends on", (step.depends_on || []).length ? step.depends_on.join(", ") : null],
         when ? ["Runs when", when] : null,
         step.on_failure ? ["On failure", step.on_failure] : null,
+        step.child_workflow_id ? ["Sub-workflow", workflowLink(step.child_workflow_id)] : null,
       ]));
+    if (step.elements) panel.append(elementsList(step.elements));
     if (isTriggerable(step)) {
       const textarea = h("textarea", {
         id: "trigger-payload", rows: 4, spellcheck: "false", "aria-label": "Trigger payload (JSON)",
@@ -193,6 +212,10 @@ export function mountWorkflow(container, workflowId) {
       actions.push(h("button", { class: "btn danger", id: "workflow-cancel", type: "button", onclick: cancelWorkflow },
         "Cancel workflow"));
     }
+    if (RESUMABLE.has(workflow.status)) {
+      actions.push(h("button", { class: "btn primary", id: "workflow-resume", type: "button", onclick: resumeWorkflow },
+        "Resume"));
+    }
     clear(header).append(
       h("div", null,
         h("h1", null, h("span", null, workflow.name ?? "workflow"), " ",
@@ -203,7 +226,11 @@ export function mountWorkflow(container, workflowId) {
           h("span", null, "created ", dateTime(workflow.created_at)),
           workflow.finished_at ? h("span", null, "finished ", dateTime(workflow.finished_at),
             ` (${between(workflow.created_at, workflow.finished_at)})`) : null,
-          Object.keys(workflow.tags || {}).length ? tagChips(workflow.tags) : null),
+          Object.keys(workflow.tags || {}).length ? tagChips(workflow.tags) : null,
+          workflow.parent ? h("span", { id: "workflow-parent" }, "sub-workflow of ",
+            workflowLink(workflow.parent.workflow_id), ` (step ${workflow.parent.step})`) : null,
+          workflow.definition ? h("span", null,
+            `definition ${workflow.definition.name} v${workflow.definition.version}`) : null),
         statusCounts(steps)),
       h("div", { class: "actions" }, actions));
   }

@@ -53,6 +53,9 @@ PROJECTIONS = (
     # flow control's settings (definitions/65_flow.sql, flow_project)
     Projection("schedules", verify_whole=True),
     Projection("queue_settings", verify_whole=True),
+    # stored definitions (definitions/60_definitions.sql): few and small
+    Projection("definitions", verify_whole=True),
+    Projection("definition_versions", verify_whole=True),
 )
 
 Progress = Callable[[int, int], None]  # (events read so far, events in the log)

@@ -1,0 +1,134 @@
+"""Fan-out: a step with `for_each` runs its task once per element of a list another step produced.
+
+When the DAG rules unblock such a step, it starts waiting (no worker holds it)
+and one job per element is enqueued in the same transaction: a job like a
+step's, named `step[i]`, with `element_of`/`element_index`, whose payload has
+`item` and `index`. At most `max_parallel` are pending at a time, the rest
+blocked; each time an element finishes, `progress` unblocks the next ones, ends
+the step Succeeded with the list of outputs in order once all succeeded, or
+Failed + DeadLettered (so `on_failure` applies) when one died. In the log: the
+step's StepUnblocked (status waiting), the elements' Enqueued, their usual job
+events, then the step's Succeeded or Failed/DeadLettered.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from qforge.commands import dag
+from qforge.events import types as ev
+from qforge.events.ids import new_id
+from qforge.events.states import BLOCKED, CANCELLED, DEAD, PENDING, RUNNING, SUCCEEDED, WAITING
+from qforge.events.types import NewEvent
+from qforge.sql import q
+
+NEVER_ATTEMPT = 0  # the step itself is never claimed: its failure names attempt 0
+ELEMENT_DEATHS = frozenset({DEAD, CANCELLED})
+
+
+def element_name(step: str, index: int) -> str:
+    return f"{step}[{index}]"
+
+
+def items_or_problem(output: Any, for_each: dict[str, Any], max_fan_out: int) -> tuple[list | None, str | None]:
+    """The list to fan out over, or why there is none (a pure rule)."""
+    items = dag.read_path(output, for_each.get("path"))
+    where = f"step '{for_each['step']}' output" + (f" at '{for_each['path']}'" if for_each.get("path") else "")
+    if not isinstance(items, list):
+        return None, f"for_each: {where} is {type(items).__name__ if items is not None else 'missing'}, not a list"
+    if len(items) > max_fan_out:
+        return None, (f"for_each: {where} has {len(items)} elements, more than QFORGE_MAX_FAN_OUT"
+                      f" ({max_fan_out})")
+    return items, None
+
+
+def element_inputs(inputs: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """An element's `inputs`: the step's, but for the list it runs over (its element is `item`;
+    a copy of the whole list in every element would make n elements cost n² to store)."""
+    return {name: output for name, output in inputs.items() if name != spec["for_each"]["step"]}
+
+
+class Fanout:
+    """The events of one advance round for a workflow's fan-out steps."""
+
+    def __init__(self, cur, workflow_id: uuid.UUID, clock: datetime) -> None:
+        self.cur, self.workflow_id, self.clock = cur, workflow_id, clock  # cur: a dict_row cursor
+        self.events: list[NewEvent] = []
+        self.again = False  # a step ended in this round: the DAG rules must look again
+
+    def _event(self, row: dict, offset: int, data: ev.EventData) -> None:
+        self.events.append(NewEvent(stream_id=row["id"], version=row["version"] + offset, data=data,
+                                    tags=row["tags"], workflow_id=self.workflow_id))
+
+    def start(self, row: dict, spec: dict[str, Any], inputs: dict[str, Any], source_output: Any,
+              max_fan_out: int) -> None:
+        """The step was just unblocked: wait, and enqueue its elements (or end at once)."""
+        from qforge.commands.advance import NEVER  # advance imports this module
+        self._event(row, 1, ev.StepUnblocked(status=WAITING, run_at=NEVER, inputs=inputs))
+        if self._summary(row)["total"]:  # resumed: the first run's elements are there, the dead reopened
+            self.again = True
+            return
+        items, problem = items_or_problem(source_output, spec["for_each"], max_fan_out)
+        if problem is not None:
+            self._fail(row, problem, offset=2)
+            return
+        if not items:
+            self._event(row, 2, ev.Succeeded(result=[]))
+            self.again = True
+            return
+        limit = spec.get("max_parallel") or len(items)
+        payload = {**row["payload"], "inputs": element_inputs(inputs, spec)}
+        for index, item in enumerate(items):
+            self.events.append(NewEvent(
+                stream_id=new_id(), version=1, tags=row["tags"], workflow_id=self.workflow_id,
+                data=ev.Enqueued(task=row["task"], queue=row["queue"], priority=row["priority"],
+                                 max_retries=row["max_retries"], timeout_seconds=row["timeout_seconds"],
+                                 run_at=self.clock, payload={**payload, "item": item, "index": index},
+                                 status=PENDING if index < limit else BLOCKED,
+                                 step=element_name(row["step"], index), step_type="task",
+                                 element_of=row["step"], element_index=index,
+                                 backoff_base_seconds=row["backoff_base_seconds"],
+                                 backoff_cap_seconds=row["backoff_cap_seconds"])))
+
+    def progress(self, row: dict, spec: dict[str, Any]) -> None:
+        """A waiting fan-out step: end it, or start the next elements within max_parallel.
+        Reads a summary of the elements, then only the rows it acts on."""
+        summary = self._summary(row)
+        if summary["died"]:
+            elements = self._elements(row, [DEAD, CANCELLED, PENDING, RUNNING, BLOCKED, WAITING])
+            first = next(e for e in elements if e["status"] in ELEMENT_DEATHS)
+            error = (f"element {first['element_index']} {first['status']}"
+                     + (f": {first['last_error']}" if first["last_error"] else ""))
+            for element in elements:
+                if element["status"] not in ELEMENT_DEATHS:
+                    self._event(element, 1, ev.Cancelled(reason=f"fan-out step '{row['step']}' failed"))
+            self._fail(row, error, offset=1)
+            return
+        if summary["succeeded"] == summary["total"]:
+            results = [e["result"] for e in self._elements(row, [SUCCEEDED])]
+            self._event(row, 1, ev.Succeeded(result=results))
+            self.again = True
+            return
+        room = (spec.get("max_parallel") or summary["total"]) - summary["active"]
+        if room <= 0 or not summary["blocked"]:
+            return
+        inputs = element_inputs((row["payload"] or {}).get("inputs", {}), spec)
+        for element in self._elements(row, [BLOCKED], limit=room):
+            self._event(element, 1, ev.StepUnblocked(status=PENDING, run_at=self.clock, inputs=inputs))
+
+    def _summary(self, row: dict) -> dict[str, int]:
+        self.cur.execute(q("fanout_summary"), {"workflow_id": self.workflow_id, "step": row["step"]})
+        return self.cur.fetchone()
+
+    def _elements(self, row: dict, statuses: list[str], limit: int | None = None) -> list[dict]:
+        self.cur.execute(q("fanout_elements"), {"workflow_id": self.workflow_id, "step": row["step"],
+                                                "statuses": statuses, "limit": limit})
+        return self.cur.fetchall()
+
+    def _fail(self, row: dict, error: str, *, offset: int) -> None:
+        attempt = row["attempts"] or NEVER_ATTEMPT
+        self._event(row, offset, ev.Failed(attempt=attempt, reason="fan_out", error=error))
+        self._event(row, offset + 1, ev.DeadLettered(attempt=attempt, error=error))
+        self.again = True
