@@ -10,6 +10,7 @@ COPY pyproject.toml README.md LICENSE ./
 COPY app ./app
 COPY migrations ./migrations
 COPY web ./web
+COPY tools ./tools
 RUN pip install build && python -m build --wheel --outdir /dist .
 
 FROM python:3.11-slim

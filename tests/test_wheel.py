@@ -17,7 +17,7 @@ from tests.test_dev import free_port, healthy, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 # What pyproject.toml builds from (the Dockerfile's build stage copies the same list).
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "app", "migrations", "web")
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "app", "migrations", "web", "tools")
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,14 @@ function setAttributes(el, attrs) {
     if (value == null || value === false) continue;
     if (key === "class") el.setAttribute("class", value);
     else if (key === "dataset") Object.assign(el.dataset, value);
+    else if (key === "style") {
+      // Through the CSSOM, never as an attribute: the page's CSP (style-src 'self')
+      // refuses inline style attributes, not properties set from a script.
+      for (const part of String(value).split(";")) {
+        const colon = part.indexOf(":");
+        if (colon > 0) el.style.setProperty(part.slice(0, colon).trim(), part.slice(colon + 1).trim());
+      }
+    }
     else if (key.startsWith("on") && typeof value === "function") {
       el.addEventListener(key.slice(2), value);
     } else el.setAttribute(key, value === true ? "" : String(value));
