@@ -67,10 +67,10 @@ def validated(model: type[BaseModel], data: Any) -> dict[str, Any]:
 
 
 class Routes:
-    """Methods of both clients; `_call` is the one thing each client supplies."""
+    """Methods of both clients; `_call` is the one thing each client supplies (Client sends the
+    call and returns its parsed result; AsyncClient returns an awaitable of it)."""
 
-    def _call(self, call: Call) -> Any:  # pragma: no cover - defined by the clients
-        raise NotImplementedError
+    _call: Callable[[Call], Any]
 
     # jobs ------------------------------------------------------------------
     def enqueue(self, task: str, payload: dict[str, Any] | None = None, **options: Any):
