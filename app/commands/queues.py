@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import uuid
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from qforge.commands.errors import Invalid
 from qforge.commands.specs import NAME_PATTERN
+from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.types import NewEvent
 from qforge.sql import q
@@ -86,20 +86,11 @@ def configure_queue(conn, queue: str, spec: QueueSettingsSpec, *, actor: str = "
             events.append(ev.QueuePaused(queue=queue) if spec.paused else ev.QueueResumed(queue=queue))
             paused = spec.paused
         stream = queue_stream_id(queue)
-        append_flow(conn, [NewEvent(stream_id=stream, version=version + n, data=data)
+        store.append(conn, [NewEvent(stream_id=stream, version=version + n, data=data)
                            for n, data in enumerate(events, start=1)], actor=actor, now=now)
     if events and not paused:
         conn.execute(q("queue_wake"), {"queue": queue})  # resumed or rate changed: wake idle workers
     return QueueSettings(queue, paused, rate, burst)
-
-
-def append_flow(conn, events: list[NewEvent], *, actor: str, now: datetime | None = None) -> None:
-    """Append events of schedule and queue streams (their rows locked by the caller)."""
-    if not events:
-        return
-    rows = [event.row() for event in events]
-    with conn.cursor() as cur:
-        cur.execute(q("flow_events_append"), {"events": json.dumps(rows), "actor": actor, "now": now})
 
 
 def list_queue_settings(conn) -> dict[str, dict[str, Any]]:

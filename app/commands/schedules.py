@@ -23,8 +23,8 @@ from pydantic import Field, StrictBool, model_validator
 from qforge.commands import cron
 from qforge.commands.enqueue import enqueue
 from qforge.commands.errors import CommandError, Conflict, Invalid, NotFound
-from qforge.commands.queues import append_flow
 from qforge.commands.specs import NAME_PATTERN, JobSpec, Storable
+from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.ids import new_ids
 from qforge.events.types import NewEvent
@@ -129,7 +129,7 @@ def create_schedule(conn, spec: ScheduleSpec, *, actor: str = "api", now: dateti
         with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             if cur.execute(q("schedule_lock"), {"name": spec.name}).fetchone() is not None:
                 raise Conflict(f"schedule {spec.name} exists (PATCH changes it)")
-            append_flow(conn, [NewEvent(stream_id=stream, version=n, data=data)
+            store.append(conn, [NewEvent(stream_id=stream, version=n, data=data)
                                for n, data in enumerate(events, start=1)], actor=actor, now=now)
     except psycopg.errors.UniqueViolation:  # created by someone else at the same moment
         raise Conflict(f"schedule {spec.name} exists (PATCH changes it)") from None
@@ -160,7 +160,7 @@ def update_schedule(conn, name: str, changes: dict[str, Any], *, actor: str = "a
         if spec.paused != row["paused"]:
             events.append(ev.SchedulePaused() if spec.paused
                           else ev.ScheduleResumed(next_at=cron.next_after(spec.cron, spec.timezone, at)))
-        append_flow(conn, [NewEvent(stream_id=row["id"], version=row["version"] + n, data=data)
+        store.append(conn, [NewEvent(stream_id=row["id"], version=row["version"] + n, data=data)
                            for n, data in enumerate(events, start=1)], actor=actor, now=now)
     return get_schedule(conn, name)
 
@@ -170,7 +170,7 @@ def delete_schedule(conn, name: str, *, actor: str = "api", now: datetime | None
         row = cur.execute(q("schedule_lock"), {"name": name}).fetchone()
         if row is None:
             raise NotFound(f"schedule {name} not found")
-        append_flow(conn, [NewEvent(stream_id=row["id"], version=row["version"] + 1,
+        store.append(conn, [NewEvent(stream_id=row["id"], version=row["version"] + 1,
                                     data=ev.ScheduleDeleted())], actor=actor, now=now)
 
 
@@ -244,7 +244,7 @@ def fire_schedule(conn, name: str, *, actor: str, grace_seconds: float, now: dat
         for tick in firing:
             kind, execution_id = _start(conn, spec, tick, actor=actor)
             events.append(ev.ScheduleFired(tick=tick, kind=kind, execution_id=execution_id, next_at=next_at))
-        append_flow(conn, [NewEvent(stream_id=row["id"], version=row["version"] + n, data=data)
+        store.append(conn, [NewEvent(stream_id=row["id"], version=row["version"] + n, data=data)
                            for n, data in enumerate(events, start=1)], actor=actor)
     return len(firing)
 

@@ -2,7 +2,8 @@
 -- The generic append for commands that locked their streams and know their
 -- versions (cancel, retry, trigger, the DAG's decisions, timers). Each event's
 -- hash chains to the one before it in its stream: for the first event of a
--- stream here, the head kept on the stream's row (a new stream starts empty).
+-- stream here, the head kept on the stream's row (stream_head: any stream type;
+-- a new stream starts empty).
 -- Positions follow the order of the input (a stream's events in version
 -- order, a workflow's own event after its steps').
 WITH input AS (
@@ -15,10 +16,8 @@ WITH input AS (
            WITH ORDINALITY AS e(stream_type, stream_id, version, type, schema_version, data, tags,
                                 workflow_id, actor, n)
 ), headed AS (
-    SELECT i.*, CASE WHEN i.version > 1 THEN coalesce(j.chain, w.chain) END AS prev
+    SELECT i.*, CASE WHEN i.version > 1 THEN stream_head(i.stream_type, i.stream_id) END AS prev
       FROM input i
-      LEFT JOIN jobs j ON i.stream_type = 'job' AND j.id = i.stream_id
-      LEFT JOIN workflows w ON i.stream_type = 'workflow' AND w.id = i.stream_id
 )
 INSERT INTO events (stream_type, stream_id, version, type, schema_version, data, tags, workflow_id,
                     occurred_at, actor, hash)

@@ -35,6 +35,23 @@ END $$;
 CREATE OR REPLACE TRIGGER events_wake AFTER INSERT ON events
     FOR EACH STATEMENT EXECUTE FUNCTION events_notify();
 
+-- The head of a stream's hash chain: the last hash, kept on the stream's
+-- projection row (each stream type has its own table; a stream with no row
+-- yet starts its chain empty). One probe of that table's key, inlined into
+-- the appending statement; a stream type with a projection row of its own is
+-- named here once, and every append chains through it.
+CREATE OR REPLACE FUNCTION stream_head(stream_type text, stream_id uuid)
+RETURNS bytea LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE stream_type
+        WHEN 'job' THEN (SELECT j.chain FROM jobs j WHERE j.id = stream_id)
+        WHEN 'workflow' THEN (SELECT w.chain FROM workflows w WHERE w.id = stream_id)
+        WHEN 'schedule' THEN (SELECT s.chain FROM schedules s WHERE s.id = stream_id)
+        WHEN 'queue' THEN (SELECT qs.chain FROM queue_settings qs WHERE qs.id = stream_id)
+        WHEN 'token' THEN (SELECT t.chain FROM tokens t WHERE t.id = stream_id)
+        WHEN 'definition' THEN (SELECT d.chain FROM definitions d WHERE d.id = stream_id)
+    END
+$$;
+
 -- An event's hash: SHA-256 of the previous hash of its stream (empty for the
 -- first event) and its canonical encoding (event_canonical_v1, migration 0006).
 -- Appends compute it in the statement that writes the event, from the head of
