@@ -100,6 +100,11 @@ MACHINES = {"job": JOB_TRANSITIONS, "workflow": WORKFLOW_TRANSITIONS, "token": T
 JOB_FINISHED = frozenset({SUCCEEDED, DEAD, CANCELLED, SKIPPED})
 # Statuses from which a job will still run without anyone's help.
 JOB_ACTIVE = frozenset({PENDING, RUNNING, BLOCKED, WAITING})
+# The job events that can make a job claimable (lead to pending): where its
+# enqueue-to-start latency is measured from (job_ready_at in SQL).
+JOB_READY_EVENTS = frozenset(
+    event for (_, event), to in JOB_TRANSITIONS.items()
+    if PENDING in (to if isinstance(to, frozenset) else {to}))
 WORKFLOW_FINISHED = frozenset({SUCCEEDED, FAILED, CANCELLED})
 # Step statuses that do not fail their workflow (a dead step may still be
 # forgiven by a handler that succeeded: see qforge.commands.dag).

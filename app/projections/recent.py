@@ -16,7 +16,7 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from qforge.events import store
-from qforge.projections.stats import queue_stats
+from qforge.projections.stats import READY_TYPES, queue_stats
 from qforge.sql import q
 
 WINDOW_SECONDS = 15 * 60
@@ -64,7 +64,7 @@ class RecentStats:
             with conn.cursor(row_factory=dict_row) as cur:
                 cur.execute(q("events_recent_after"), {
                     "after_xid": str(self.cursor[0]), "after_position": self.cursor[1], "limit": PAGE,
-                    "bucket": BUCKET_SECONDS, "window": WINDOW_SECONDS})
+                    "bucket": BUCKET_SECONDS, "window": WINDOW_SECONDS, "ready_types": READY_TYPES})
                 row = cur.fetchone()
             if not row["read"]:
                 return

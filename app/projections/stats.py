@@ -7,8 +7,10 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from qforge.events.states import PENDING, statuses
+from qforge.events.states import JOB_READY_EVENTS, PENDING, statuses
 from qforge.sql import q
+
+READY_TYPES = sorted(JOB_READY_EVENTS)  # where a claim's latency is measured from
 
 JOB_STATUSES = tuple(sorted(statuses("job")))
 
@@ -62,7 +64,7 @@ def tally_log(conn, tally: LogTally, *, page: int = 20_000, max_pages: int = 50)
         with conn.cursor(row_factory=dict_row) as cur:
             cur.execute(q("events_counts_after"), {
                 "after_xid": str(tally.cursor[0]), "after_position": tally.cursor[1],
-                "limit": page, "bounds": list(tally.bounds)})
+                "limit": page, "bounds": list(tally.bounds), "ready_types": READY_TYPES})
             row = cur.fetchone()
         if not row["read"]:
             break

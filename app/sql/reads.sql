@@ -136,22 +136,11 @@ SELECT c.queue, c.status, c.n,
 -- with the given upper bounds. Same visibility rule as events_after.
 WITH visible AS (
     SELECT e.xid, e.position, e.type, e.stream_id, e.version, e.occurred_at
-      FROM events e
-     WHERE (e.xid, e.position) > (%(after_xid)s::xid8, %(after_position)s::bigint)
-       AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
-     ORDER BY e.xid, e.position
-     LIMIT %(limit)s
+      FROM events_after_page(%(after_xid)s::xid8, %(after_position)s::bigint, %(limit)s) e
 ), latency AS (
     SELECT greatest(extract(epoch FROM v.occurred_at - ready.at), 0)::float8 AS seconds
       FROM visible v
-     CROSS JOIN LATERAL (
-            SELECT greatest(p.occurred_at,
-                            coalesce((p.data ->> 'run_at')::timestamptz, p.occurred_at)) AS at
-              FROM events p
-             WHERE p.stream_id = v.stream_id AND p.version < v.version
-               AND p.type IN ('Enqueued', 'StepUnblocked', 'Retried', 'Released')
-             ORDER BY p.version DESC
-             LIMIT 1) ready
+     CROSS JOIN LATERAL (SELECT job_ready_at(v.stream_id, v.version, %(ready_types)s::text[]) AS at) ready
      WHERE v.type = 'Claimed'
 )
 SELECT (SELECT jsonb_object_agg(type, n)

@@ -9,24 +9,13 @@
 WITH visible AS (
     SELECT e.xid, e.position, e.type, e.stream_id, e.version, e.occurred_at,
            floor(extract(epoch FROM e.occurred_at) / %(bucket)s)::bigint AS slot
-      FROM events e
-     WHERE (e.xid, e.position) > (%(after_xid)s::xid8, %(after_position)s::bigint)
-       AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
-     ORDER BY e.xid, e.position
-     LIMIT %(limit)s
+      FROM events_after_page(%(after_xid)s::xid8, %(after_position)s::bigint, %(limit)s) e
 ), latency AS (
     SELECT v.slot,
            greatest(0, least(80, 1 + floor(10 * log(greatest(
                extract(epoch FROM v.occurred_at - ready.at)::float8, 0.001)::numeric / 0.001))))::int AS bin
       FROM visible v
-     CROSS JOIN LATERAL (
-            SELECT greatest(p.occurred_at,
-                            coalesce((p.data ->> 'run_at')::timestamptz, p.occurred_at)) AS at
-              FROM events p
-             WHERE p.stream_id = v.stream_id AND p.version < v.version
-               AND p.type IN ('Enqueued', 'StepUnblocked', 'Retried', 'Released')
-             ORDER BY p.version DESC
-             LIMIT 1) ready
+     CROSS JOIN LATERAL (SELECT job_ready_at(v.stream_id, v.version, %(ready_types)s::text[]) AS at) ready
      WHERE v.type = 'Claimed' AND v.occurred_at > now() - make_interval(secs => %(window)s)
 )
 SELECT (SELECT jsonb_agg(jsonb_build_array(slot, type, n))

@@ -14,3 +14,16 @@ RETURNS SETOF events LANGUAGE sql STABLE SET enable_sort = off ROWS 500 AS $$
      ORDER BY e.xid, e.position
      LIMIT page
 $$;
+
+-- When a claimed job became claimable: the latest of its events before
+-- `before_version` that can make a job pending (`ready_types`, from the state
+-- table: qforge.events.states.JOB_READY_EVENTS), at its run_at if later. The
+-- metrics' and the dashboard's enqueue-to-start latency both read it.
+CREATE OR REPLACE FUNCTION job_ready_at(job_id uuid, before_version integer, ready_types text[])
+RETURNS timestamptz LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT greatest(p.occurred_at, coalesce((p.data ->> 'run_at')::timestamptz, p.occurred_at))
+      FROM events p
+     WHERE p.stream_id = job_id AND p.version < before_version AND p.type = ANY(ready_types)
+     ORDER BY p.version DESC
+     LIMIT 1
+$$;
