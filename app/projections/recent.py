@@ -16,6 +16,7 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from qforge.events import store
+from qforge.events.states import PENDING
 from qforge.projections.stats import READY_TYPES, queue_stats
 from qforge.sql import q
 
@@ -80,7 +81,7 @@ class RecentStats:
     def _sample_depth(self, conn, now: float) -> None:
         if self.depth and now - self.depth[-1][0] < DEPTH_EVERY_SECONDS:
             return
-        pending = {entry["queue"]: entry["counts"].get("pending", 0) for entry in queue_stats(conn)}
+        pending = {entry["queue"]: entry["counts"].get(PENDING, 0) for entry in queue_stats(conn)}
         self.depth.append((now, pending))
 
     def _forget(self, now: float) -> None:
