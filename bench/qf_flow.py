@@ -34,6 +34,9 @@ from qf_history import backend_cpu_ns, recreate_database  # noqa: E402
 
 VARIANTS = ("plain", "keys", "rate", "fair")
 KEYS = 20  # distinct concurrency / fairness keys in the claim variants
+# Scratch databases are PREFIX_<variant> (--db-prefix: engineers sharing one server must not drop
+# each other's databases).
+DB_PREFIX = "qf_bench_flow16"
 
 
 def _specs(variant: str, count: int) -> list:
@@ -53,7 +56,7 @@ def claim_variant(admin_url: str, variant: str, jobs: int, *, threads: int = 2, 
     from qforge.commands.enqueue import enqueue
     from qforge.commands.report import Report, complete
 
-    url = recreate_database(admin_url, f"qf_bench_flow16_{variant}")
+    url = recreate_database(admin_url, f"{DB_PREFIX}_{variant}")
     with psycopg.connect(url, autocommit=True) as conn:
         for lo in range(0, jobs, 1000):
             enqueue(conn, _specs(variant, min(1000, jobs - lo)), actor="bench")
@@ -115,7 +118,7 @@ def claim_variant(admin_url: str, variant: str, jobs: int, *, threads: int = 2, 
     if sum(counts) != jobs:
         raise RuntimeError(f"{variant}: claimed {sum(counts)} of {jobs} jobs")
     with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "qf_bench_flow16_{variant}" WITH (FORCE)')
+        admin.execute(f'DROP DATABASE IF EXISTS "{DB_PREFIX}_{variant}" WITH (FORCE)')
     return {"jobs_per_s": jobs / elapsed, "postgres_cpu_us_per_job": sum(server_ns) / 1000 / jobs,
             "claims": sum(statements)}
 
@@ -126,7 +129,7 @@ def claim_cpu(admin_url: str, variant: str, jobs: int, *, batch: int = 100) -> d
     from qforge.commands.claim import claim
     from qforge.commands.enqueue import enqueue
 
-    url = recreate_database(admin_url, f"qf_bench_flow16_cpu_{variant}")
+    url = recreate_database(admin_url, f"{DB_PREFIX}_cpu_{variant}")
     with psycopg.connect(url, autocommit=True) as conn:
         for lo in range(0, jobs, 1000):
             enqueue(conn, _specs(variant, min(1000, jobs - lo)), actor="bench")
@@ -146,7 +149,7 @@ def claim_cpu(admin_url: str, variant: str, jobs: int, *, batch: int = 100) -> d
             claims += 1
         cpu_ns, elapsed = backend_cpu_ns(backend) - before, time.perf_counter() - started
     with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "qf_bench_flow16_cpu_{variant}" WITH (FORCE)')
+        admin.execute(f'DROP DATABASE IF EXISTS "{DB_PREFIX}_cpu_{variant}" WITH (FORCE)')
     return {"postgres_cpu_us_per_claim": cpu_ns / 1000 / claims, "ms_per_claim": elapsed * 1000 / claims,
             "claims": claims}
 
@@ -231,10 +234,10 @@ def _b_latencies(url: str, backlog: int, samples: int) -> dict[str, Any]:
 
 
 def run_fairness(admin_url: str, backlog: int, samples: int) -> dict[str, Any]:
-    empty = _b_latencies(recreate_database(admin_url, "qf_bench_flow16_fair_empty"), 0, samples)
-    loaded = _b_latencies(recreate_database(admin_url, "qf_bench_flow16_fair_loaded"), backlog, samples)
+    empty = _b_latencies(recreate_database(admin_url, f"{DB_PREFIX}_fair_empty"), 0, samples)
+    loaded = _b_latencies(recreate_database(admin_url, f"{DB_PREFIX}_fair_loaded"), backlog, samples)
     with psycopg.connect(admin_url, autocommit=True) as admin:
-        for name in ("qf_bench_flow16_fair_empty", "qf_bench_flow16_fair_loaded"):
+        for name in (f"{DB_PREFIX}_fair_empty", f"{DB_PREFIX}_fair_loaded"):
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return {"backlog_of_a": backlog, "empty": empty, "loaded": loaded,
             "p99_ratio": loaded["p99_ms"] / max(empty["p99_ms"], 1e-9)}
@@ -244,7 +247,7 @@ def run_rate(admin_url: str, rate: float, seconds: float) -> dict[str, Any]:
     from qforge.commands.enqueue import JobSpec, enqueue
     from qforge.commands.queues import QueueSettingsSpec, configure_queue
 
-    url = recreate_database(admin_url, "qf_bench_flow16_rate")
+    url = recreate_database(admin_url, f"{DB_PREFIX}_rate")
     total = int(rate * (seconds + 20))
     with psycopg.connect(url, autocommit=True) as conn:
         for lo in range(0, total, 1000):
@@ -263,7 +266,7 @@ def run_rate(admin_url: str, rate: float, seconds: float) -> dict[str, Any]:
             "SELECT count(*) FROM events WHERE type = 'Claimed' AND occurred_at < %s + make_interval(secs => %s)"
             " GROUP BY floor(extract(epoch FROM occurred_at - %s)) ORDER BY 1", [first, seconds, first])]
     with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute('DROP DATABASE IF EXISTS "qf_bench_flow16_rate" WITH (FORCE)')
+        admin.execute(f'DROP DATABASE IF EXISTS "{DB_PREFIX}_rate" WITH (FORCE)')
     measured = claims / seconds
     return {"rate_per_second": rate, "seconds": seconds, "claims": claims, "measured_per_second": measured,
             "error_pct": (measured - rate) / rate * 100, "per_second_min": min(per_window),
@@ -313,6 +316,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    global DB_PREFIX
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--database-url", required=True, help="admin URL; databases are created beside it")
     parser.add_argument("--parts", default="claim,fairness,rate")
@@ -322,7 +326,9 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--rate-seconds", type=float, default=60)
+    parser.add_argument("--db-prefix", default=DB_PREFIX, help="scratch databases: PREFIX_<variant>")
     args = parser.parse_args()
+    DB_PREFIX = args.db_prefix
     parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
     if parts == ("cpu",):
         variants = tuple(v for v in args.variants.split(",") if v)
