@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
+from qforge.commands.claim import claim  # noqa: E402
 from qforge.commands.enqueue import JobSpec, enqueue  # noqa: E402
 from qforge.migrate import migrate  # noqa: E402
 from qforge.sql import q  # noqa: E402
@@ -75,13 +76,11 @@ def measure(url: str, statements: list[str], queries: dict[str, str], jobs: int,
         claim_ns = complete_ns = done = 0
         while True:
             started = server_ns(pid)
-            with conn.transaction():
-                claimed = conn.execute(q("job_claim"), {"queues": ["default"], "limit": batch,
-                                                        "worker": "bench", "now": None}).fetchall()
+            claimed = claim(conn, ["default"], batch, "bench")  # as a worker claims (statement and plan)
             claim_ns += server_ns(pid) - started
             if not claimed:
                 break
-            reports = json.dumps([{"id": str(row[0]), "attempt": row[4], "result": None} for row in claimed])
+            reports = json.dumps([{"id": str(job.id), "attempt": job.attempt, "result": None} for job in claimed])
             started = server_ns(pid)
             with conn.transaction():
                 conn.execute(q("job_complete"), {"reports": reports, "actor": "bench", "now": None}).fetchall()

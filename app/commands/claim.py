@@ -27,11 +27,17 @@ class ClaimedJob:
 
 def claim(conn, queues: list[str], limit: int, worker: str, *,
           now: datetime | None = None) -> list[ClaimedJob]:
-    """Lock, mark running and record Claimed for up to `limit` due jobs, highest priority first."""
+    """Lock, mark running and record Claimed for up to `limit` due jobs, highest priority first.
+
+    One claim statement: job_claim_plain, or, when it finds jobs with a concurrency or fairness
+    key in reach (it then claims nothing and says so with one row of nulls), job_claim.
+    """
     if limit <= 0 or not queues:
         return []
+    params = {"queues": list(queues), "limit": limit, "worker": worker, "now": now}
     with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(q("job_claim_plan"))
-        cur.execute(q("job_claim"), {"queues": list(queues), "limit": limit,
-                                     "worker": worker, "now": now})
-        return [ClaimedJob(*row) for row in cur.fetchall()]
+        rows = cur.execute(q("job_claim_plain"), params).fetchall()
+        if len(rows) == 1 and rows[0][0] is None:
+            rows = cur.execute(q("job_claim"), params).fetchall()
+        return [ClaimedJob(*row) for row in rows]

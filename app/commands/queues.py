@@ -78,9 +78,8 @@ def configure_queue(conn, queue: str, spec: QueueSettingsSpec, *, actor: str = "
             if (new_rate, new_burst) != (rate, burst) or version == 0:
                 events.append(ev.QueueConfigured(queue=queue, rate_per_second=new_rate, burst=new_burst))
                 rate, burst = new_rate, new_burst
-                if rate is None:
-                    cur.execute(q("queue_bucket_drop"), {"queue": queue})
-                else:
+                cur.execute(q("queue_bucket_drop"), {"queue": queue})
+                if rate is not None:
                     cur.execute(q("queue_bucket_set"), {"queue": queue, "burst": burst, "now": now})
         if spec.paused is not None and (spec.paused != paused or (version == 0 and not events)):
             events.append(ev.QueuePaused(queue=queue) if spec.paused else ev.QueueResumed(queue=queue))

@@ -6,10 +6,14 @@ SELECT pg_advisory_xact_lock(hashtextextended('qforge-queue:' || %(queue)s, 0)),
 
 -- name: queue_bucket_set
 -- A rate limit set or changed: the bucket starts full (a new limit applies at
--- once; what was spent before does not carry over).
-INSERT INTO queue_buckets (queue, tokens, refilled_at)
-VALUES (%(queue)s, %(burst)s, coalesce(%(now)s::timestamptz, now()))
-ON CONFLICT (queue) DO UPDATE SET tokens = excluded.tokens, refilled_at = excluded.refilled_at
+-- once; what was spent before does not carry over; the old shards are dropped
+-- first). A bucket with room for several batches is split into shards (see
+-- migration 0015): one per 100 tokens of burst, at most 4, so each shard still
+-- holds a batch of 100 and up to 4 claimers spend at once.
+INSERT INTO queue_buckets (queue, shard, share, tokens, refilled_at)
+SELECT %(queue)s, s.shard, 1.0 / x.n, %(burst)s::float8 / x.n, coalesce(%(now)s::timestamptz, now())
+  FROM (SELECT least(4, greatest(1, %(burst)s::integer / 100)) AS n) x
+ CROSS JOIN LATERAL generate_series(0, x.n - 1) AS s(shard)
 
 -- name: queue_bucket_drop
 DELETE FROM queue_buckets WHERE queue = %(queue)s

@@ -158,3 +158,45 @@ CREATE OR REPLACE VIEW concurrency_running AS
 SELECT s.key, s.lim, s.claimed - coalesce((SELECT sum(r.released) FROM concurrency_releases r
                                             WHERE r.key = s.key), 0) AS running
   FROM concurrency_slots s;
+
+-- The token buckets of a claim's rate-limited queues (see migration 0015),
+-- locked, with their tokens refilled to `at`: a single-shard bucket is waited
+-- for (in queue order, so claims of several queues cannot deadlock); of a
+-- sharded one, the fullest shard that no other claim holds is taken (SKIP
+-- LOCKED: claimers of one queue take different shards instead of taking
+-- turns). A rate-limited queue without a row here has no tokens for this
+-- claim. Paused queues are left out (the claim leaves them out anyway).
+-- plpgsql so that its plans are kept for the session (a sql function is
+-- planned again in every statement that calls it).
+CREATE OR REPLACE FUNCTION queue_buckets_take(queues text[], at timestamptz)
+RETURNS TABLE (queue text, shard smallint, tokens double precision, allowed integer)
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM queue_settings s WHERE s.queue = ANY(queues) AND s.rate_per_second IS NOT NULL
+                      AND NOT s.paused) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT b.queue, b.shard, x.tokens, floor(x.tokens)::integer
+      FROM queue_buckets b
+      JOIN queue_settings s ON s.queue = b.queue AND s.rate_per_second IS NOT NULL AND NOT s.paused
+     CROSS JOIN LATERAL (SELECT least(s.burst * b.share, b.tokens + s.rate_per_second * b.share
+                                      * greatest(extract(epoch FROM at - b.refilled_at)::float8, 0)) AS tokens) x
+     WHERE b.queue = ANY(queues) AND b.share = 1
+     ORDER BY b.queue
+       FOR UPDATE OF b;
+    RETURN QUERY
+    SELECT k.queue, k.shard, k.tokens, floor(k.tokens)::integer
+      FROM queue_settings s
+     CROSS JOIN LATERAL (
+            SELECT b.queue, b.shard, x.tokens
+              FROM queue_buckets b
+             CROSS JOIN LATERAL (SELECT least(s.burst * b.share, b.tokens + s.rate_per_second * b.share
+                                              * greatest(extract(epoch FROM at - b.refilled_at)::float8, 0))
+                                        AS tokens) x
+             WHERE b.queue = s.queue AND b.share < 1
+             ORDER BY x.tokens DESC
+             LIMIT 1
+               FOR UPDATE OF b SKIP LOCKED) k
+     WHERE s.queue = ANY(queues) AND s.rate_per_second IS NOT NULL AND NOT s.paused;
+END $$;
