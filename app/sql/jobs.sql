@@ -177,7 +177,8 @@ WITH RECURSIVE clock AS MATERIALIZED (
     SELECT s.key, x.free
       FROM concurrency_slots s
      CROSS JOIN LATERAL (SELECT s.lim - s.claimed + coalesce((SELECT sum(r.released) FROM concurrency_releases r
-                                                              WHERE r.key = s.key), 0) AS free) x
+                                                              WHERE r.key = s.key), 0) AS free
+                         OFFSET 0) x  -- a fence: summed once per key, not again for the filter
      WHERE s.key IN (SELECT key FROM keys WHERE key IS NOT NULL) AND x.free > 0
        -- one probe per key (a scalar subquery: as EXISTS the planner would hash all keyed jobs)
        AND (SELECT true FROM jobs j WHERE j.status = 'pending' AND j.concurrency_key = s.key
@@ -215,10 +216,15 @@ WITH RECURSIVE clock AS MATERIALIZED (
                         AND j.fairness_key > t.key AND j.concurrency_key IS NULL
                       ORDER BY j.fairness_key LIMIT 1)
       FROM tenants t WHERE t.key IS NOT NULL
-), fair AS MATERIALIZED (
-    SELECT c.*
+), shares AS MATERIALIZED (
+    -- each key's share of its queue's batch (counted once per queue, not per key)
+    SELECT t.queue, t.key, ceil(qu.allowed::float8 / count(*) OVER (PARTITION BY t.queue))::integer AS share
       FROM tenants t
       JOIN quota qu ON qu.queue = t.queue
+     WHERE t.key IS NOT NULL
+), fair AS MATERIALIZED (
+    SELECT c.*
+      FROM shares t
      CROSS JOIN LATERAL (
             SELECT j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
                    j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain, j.fairness_key, j.trace
@@ -228,10 +234,8 @@ WITH RECURSIVE clock AS MATERIALIZED (
                AND j.run_at <= (SELECT at FROM clock)
              ORDER BY j.priority DESC, j.run_at, j.id
              -- the key's share of the batch (see keyed)
-             LIMIT ceil(qu.allowed::float8 / (SELECT count(*) FROM tenants x
-                                               WHERE x.queue = t.queue AND x.key IS NOT NULL))::integer
+             LIMIT t.share
                FOR UPDATE SKIP LOCKED) c
-     WHERE t.key IS NOT NULL
 ), ranked AS (
     -- turn: the job's place among its key's jobs of the same priority
     SELECT c.*, row_number() OVER (PARTITION BY c.fairness_key, c.priority ORDER BY c.run_at, c.id) AS turn
