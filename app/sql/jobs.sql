@@ -159,32 +159,27 @@ WITH RECURSIVE clock AS MATERIALIZED (
              ORDER BY j.priority DESC, j.run_at, j.id
              LIMIT qu.allowed
                FOR UPDATE SKIP LOCKED) c
-), keys(key) AS (
-    -- the concurrency keys with pending jobs: a skip scan of jobs_claim_keyed
-    (SELECT j.concurrency_key FROM jobs j
-      WHERE j.status = 'pending' AND j.concurrency_key IS NOT NULL
-      ORDER BY j.concurrency_key LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.concurrency_key FROM jobs j
-             WHERE j.status = 'pending' AND j.concurrency_key > k.key
-             ORDER BY j.concurrency_key LIMIT 1)
-      FROM keys k WHERE k.key IS NOT NULL
-), slots AS MATERIALIZED (
-    -- Keys with a free slot and pending jobs here, locked SKIP LOCKED (a key in
-    -- another claim is passed over, never waited for), half of them at most, in
-    -- random order: two claimers at once share the keys instead of one taking
-    -- them all and the other none.
-    SELECT s.key, x.free
+), ready AS MATERIALIZED (
+    -- Keys with a free slot and pending jobs here: the released rows of this
+    -- snapshot (perhaps not the newest, never too many) and one probe per key
+    -- (a scalar subquery: as EXISTS the planner would hash all keyed jobs).
+    SELECT s.key, x.released
       FROM concurrency_slots s
-     CROSS JOIN LATERAL (SELECT s.lim - s.claimed + coalesce((SELECT sum(r.released) FROM concurrency_releases r
-                                                              WHERE r.key = s.key), 0) AS free
-                         OFFSET 0) x  -- a fence: summed once per key, not again for the filter
-     WHERE s.key IN (SELECT key FROM keys WHERE key IS NOT NULL) AND x.free > 0
-       -- one probe per key (a scalar subquery: as EXISTS the planner would hash all keyed jobs)
+     CROSS JOIN LATERAL (SELECT coalesce((SELECT sum(r.released) FROM concurrency_releases r
+                                          WHERE r.key = s.key), 0) AS released OFFSET 0) x
+     WHERE s.lim - s.claimed + x.released > 0
        AND (SELECT true FROM jobs j WHERE j.status = 'pending' AND j.concurrency_key = s.key
                AND j.queue = ANY(%(queues)s::text[]) ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1)
+), slots AS MATERIALIZED (
+    -- Half of them at most, locked SKIP LOCKED in random order (a key in
+    -- another claim is passed over, never waited for; two claimers at once
+    -- share the keys). A key's claimed count is read from its locked row (the
+    -- newest), so the limit holds.
+    SELECT s.key, s.lim - s.claimed + r.released AS free
+      FROM concurrency_slots s JOIN ready r ON r.key = s.key
+     WHERE s.lim - s.claimed + r.released > 0
      ORDER BY random()
-     LIMIT (SELECT ceil(count(*) / 2.0) FROM keys WHERE key IS NOT NULL)
+     LIMIT (SELECT ceil(count(*) / 2.0) FROM ready)
        FOR UPDATE OF s SKIP LOCKED
 ), keyed AS MATERIALIZED (
     SELECT c.*
