@@ -13,6 +13,8 @@ import pytest
 
 from qforge.commands import schedules
 from qforge.commands.claim import claim
+from qforge.commands.enqueue import enqueue
+from qforge.commands.specs import JobSpec
 from qforge.commands.queues import QueueSettingsSpec, configure_queue
 from qforge.commands.report import Report, complete
 from qforge.commands.schedules import ScheduleSpec, choose_ticks, fire_due
@@ -204,6 +206,27 @@ def test_rate_limit_spends_tokens_at_the_rate(conn: psycopg.Connection) -> None:
     assert len(claim(conn, ["slow"], 10, "w", now=T0 + timedelta(seconds=10))) == 3  # capped at the burst
     configure_queue(conn, "slow", QueueSettingsSpec(rate_per_second=None), now=T0 + timedelta(seconds=10))
     assert len(claim(conn, ["slow"], 10, "w", now=T0 + timedelta(seconds=10))) == 10
+
+
+def test_a_large_bucket_is_sharded_and_claimers_spend_it_side_by_side(db_url: str,
+                                                                     conn: psycopg.Connection) -> None:
+    enqueue(conn, [JobSpec(task="echo", queue="big") for _ in range(450)], now=T0 - timedelta(seconds=1))
+    configure_queue(conn, "big", QueueSettingsSpec(rate_per_second=10, burst=400), now=T0)
+    shards = conn.execute("SELECT shard, share, tokens FROM queue_buckets WHERE queue = 'big' ORDER BY shard")
+    assert [tuple(r.values()) for r in shards] == [(n, 0.25, 100.0) for n in range(4)]
+    with psycopg.connect(db_url) as other:
+        other.execute("SELECT 1")  # a transaction stays open: its claim keeps its shard locked
+        first = claim(other, ["big"], 150, "a", now=T0)
+        second = claim(conn, ["big"], 150, "b", now=T0)  # not waiting: another shard
+        assert (len(first), len(second)) == (100, 100)  # a claim spends one shard: 400 / 4
+        # every shard held elsewhere: this claim has no tokens (not an unlimited queue)
+        other.execute("SELECT * FROM queue_buckets WHERE queue = 'big' FOR UPDATE")
+        assert claim(conn, ["big"], 150, "c", now=T0) == []
+        other.commit()
+    assert len(claim(conn, ["big"], 150, "d", now=T0)) == 100
+    assert len(claim(conn, ["big"], 150, "e", now=T0)) == 100
+    assert claim(conn, ["big"], 150, "f", now=T0) == []  # the burst is spent: 400 in all
+    assert len(claim(conn, ["big"], 150, "g", now=T0 + timedelta(seconds=1))) == 2  # 10/s over 4 shards
 
 
 def test_queue_api_put_and_get(api: httpx.Client) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+import weakref
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -30,14 +32,28 @@ def claim(conn, queues: list[str], limit: int, worker: str, *,
     """Lock, mark running and record Claimed for up to `limit` due jobs, highest priority first.
 
     One claim statement: job_claim_plain, or, when it finds jobs with a concurrency or fairness
-    key in reach (it then claims nothing and says so with one row of nulls), job_claim.
+    key in reach (it then claims nothing and says so with one row of nulls), job_claim. After
+    such an answer this connection goes straight to job_claim for FLOW_MEMORY_SECONDS (either
+    statement is right for any jobs: this only spares the plain one's round trip while keyed
+    or fair jobs are about).
     """
     if limit <= 0 or not queues:
         return []
     params = {"queues": list(queues), "limit": limit, "worker": worker, "now": now}
+    key = tuple(queues)
     with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(q("job_claim_plan"))
-        rows = cur.execute(q("job_claim_plain"), params).fetchall()
-        if len(rows) == 1 and rows[0][0] is None:
+        rows = None
+        if _flow_seen.get(conn, {}).get(key, -FLOW_MEMORY_SECONDS) + FLOW_MEMORY_SECONDS <= time.monotonic():
+            rows = cur.execute(q("job_claim_plain"), params).fetchall()
+            if len(rows) == 1 and rows[0][0] is None:
+                _flow_seen.setdefault(conn, {})[key] = time.monotonic()
+                rows = None
+        if rows is None:
             rows = cur.execute(q("job_claim"), params).fetchall()
         return [ClaimedJob(*row) for row in rows]
+
+
+FLOW_MEMORY_SECONDS = 1.0
+# connection -> queues -> when job_claim_plain last said "not plain" (time.monotonic())
+_flow_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -116,7 +116,7 @@ SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_se
  ORDER BY p.priority DESC, p.run_at, p.id
 
 -- name: job_claim
--- The claim is one statement. It locks claimable rows with FOR UPDATE SKIP
+-- The claim is one statement (this one or job_claim_plain). It locks claimable rows with FOR UPDATE SKIP
 -- LOCKED, walking partial claim indexes in their own order (priority DESC,
 -- run_at, id), so concurrent claimers skip each other's rows instead of
 -- waiting; each CTE is an optimisation fence that keeps its LIMIT inside its
@@ -125,13 +125,14 @@ SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_se
 -- folds them into the rows (status running, attempts + 1) before it ends. Time
 -- is a parameter so tests control the clock.
 --
--- Flow control (each part costs one probe of an empty index or table when not
--- in use): a paused queue is left out; a rate-limited queue's token bucket is
--- locked (its claimers take turns) and bounds that queue's share; jobs with a
--- concurrency key come only from keys with a free slot (the key's row is
--- locked), at most the free slots each; jobs with a fairness key come per
--- key, and within a priority the claim takes them round-robin across keys
--- (jobs without a key count as one more key).
+-- Flow control (claim() runs this statement when job_claim_plain finds jobs
+-- with a concurrency or fairness key in reach): a paused queue is left out; a
+-- rate-limited queue's tokens come from one shard of its bucket, locked
+-- (queue_buckets_take), and bound that queue's share; jobs with a concurrency
+-- key come only from keys with a free slot (the key's row is locked), at most
+-- the free slots each; jobs with a fairness key come per key, and within a
+-- priority the claim takes them round-robin across keys (jobs without a key
+-- count as one more key).
 WITH RECURSIVE clock AS MATERIALIZED (
     SELECT coalesce(%(now)s::timestamptz, now()) AS at
 ), flow AS MATERIALIZED (
