@@ -164,11 +164,14 @@ WITH RECURSIVE clock AS MATERIALIZED (
     -- Keys with a free slot and pending jobs here: the released rows of this
     -- snapshot (perhaps not the newest, never too many) and one probe per key
     -- (a scalar subquery: as EXISTS the planner would hash all keyed jobs).
-    SELECT s.key, x.released
+    -- The releases are summed in one pass (per key, the generic plan scanned
+    -- them all again for every key: most of a keyed claim's CPU between two
+    -- compactions).
+    SELECT s.key, coalesce(r.released, 0) AS released
       FROM concurrency_slots s
-     CROSS JOIN LATERAL (SELECT coalesce((SELECT sum(r.released) FROM concurrency_releases r
-                                          WHERE r.key = s.key), 0) AS released OFFSET 0) x
-     WHERE s.lim - s.claimed + x.released > 0
+      LEFT JOIN (SELECT x.key, sum(x.released) AS released FROM concurrency_releases x GROUP BY x.key) r
+             ON r.key = s.key
+     WHERE s.lim - s.claimed + coalesce(r.released, 0) > 0
        AND (SELECT true FROM jobs j WHERE j.status = 'pending' AND j.concurrency_key = s.key
                AND j.queue = ANY(%(queues)s::text[]) ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1)
 ), slots AS MATERIALIZED (
