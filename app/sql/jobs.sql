@@ -202,18 +202,21 @@ WITH RECURSIVE clock AS MATERIALIZED (
                FOR UPDATE SKIP LOCKED) c
 ), tenants(queue, key) AS (
     -- per queue, the fairness keys with pending jobs: a skip scan of jobs_claim_fair
-    -- (ORDER BY ... LIMIT 1 rather than min(): the planner then knows each step is
-    -- one index probe, and the claim's estimate stays far below jit_above_cost)
+    -- (ORDER BY ... LIMIT 1 rather than max(): the planner then knows each step is
+    -- one index probe, and the claim's estimate stays far below jit_above_cost).
+    -- Downwards: each step lands on the previous key's last entry, a job queued
+    -- lately and still pending; upwards it landed on the next key's first
+    -- entries, its claimed jobs (dead until a vacuum), and walked them all.
     SELECT qu.queue, (SELECT j.fairness_key FROM jobs j
                        WHERE j.status = 'pending' AND j.queue = qu.queue
                          AND j.fairness_key IS NOT NULL AND j.concurrency_key IS NULL
-                       ORDER BY j.fairness_key LIMIT 1)
+                       ORDER BY j.fairness_key DESC LIMIT 1)
       FROM quota qu WHERE qu.allowed > 0
     UNION ALL
     SELECT t.queue, (SELECT j.fairness_key FROM jobs j
                       WHERE j.status = 'pending' AND j.queue = t.queue
-                        AND j.fairness_key > t.key AND j.concurrency_key IS NULL
-                      ORDER BY j.fairness_key LIMIT 1)
+                        AND j.fairness_key < t.key AND j.concurrency_key IS NULL
+                      ORDER BY j.fairness_key DESC LIMIT 1)
       FROM tenants t WHERE t.key IS NOT NULL
 ), shares AS MATERIALIZED (
     -- each key's share of its queue's batch (counted once per queue, not per key)
