@@ -173,7 +173,10 @@ WITH RECURSIVE clock AS MATERIALIZED (
              ON r.key = s.key
      WHERE s.lim - s.claimed + coalesce(r.released, 0) > 0
        AND (SELECT true FROM jobs j WHERE j.status = 'pending' AND j.concurrency_key = s.key
-               AND j.queue = ANY(%(queues)s::text[]) ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1)
+               AND j.queue = ANY(%(queues)s::text[])
+             -- from the key's newest entries: its oldest are the jobs claimed since
+             -- the last vacuum, dead, and a forward probe walked them all
+             ORDER BY j.priority, j.run_at DESC, j.id DESC LIMIT 1)
 ), slots AS MATERIALIZED (
     -- Half of them at most, locked SKIP LOCKED in random order (a key in
     -- another claim is passed over, never waited for; two claimers at once
