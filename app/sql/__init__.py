@@ -22,7 +22,19 @@ def _load() -> dict[str, str]:
     return queries
 
 
-QUERIES: dict[str, str] = _load()
+_INCLUDE = re.compile(r"^[ \t]*--[ \t]*include:[ \t]*([a-z0-9_]+)[ \t]*$", re.MULTILINE)
+
+
+def _include(queries: dict[str, str]) -> dict[str, str]:
+    """A line `-- include: name` stands for query `name`'s text (one level: a part two statements share)."""
+    def text(mark: re.Match) -> str:
+        if mark.group(1) not in queries:
+            raise RuntimeError(f"-- include: {mark.group(1)}: no such query")
+        return queries[mark.group(1)]
+    return {name: _INCLUDE.sub(text, body) for name, body in queries.items()}
+
+
+QUERIES: dict[str, str] = _include(_load())
 
 
 def q(name: str) -> str:

@@ -49,6 +49,25 @@ SELECT stream_id, key FROM idempotency_keys WHERE stream_type = 'job' AND key = 
 -- cpu). For the claim's transaction only.
 SET LOCAL plan_cache_mode = force_generic_plan
 
+-- name: job_claim_record
+-- The end of both claim statements (included where they say
+-- `-- include: job_claim_record`): from `picked` (and `clock`, `bucket`), the
+-- Claimed events, chained to each job's last hash (which the row lock holds
+-- still); this CTE runs whether or not it is read: every picked row gets its
+-- event. Then `spent`: the rate-limited queues' bucket shards, refilled to
+-- now, less what this claim took.
+INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
+SELECT 'job', p.id, p.version + 1, 'Claimed', p.data, p.workflow_id, c.at, %(worker)s,
+       event_hash(p.chain, 'job', p.id, p.version + 1, 'Claimed', 1::smallint, p.data, NULL,
+                  p.workflow_id, c.at, %(worker)s)
+  FROM picked p, clock c
+), spent AS (
+UPDATE queue_buckets b
+   SET tokens = k.tokens - (SELECT count(*) FROM picked p WHERE p.queue = k.queue),
+       refilled_at = (SELECT at FROM clock)
+  FROM bucket k
+ WHERE b.queue = k.queue AND b.shard = k.shard
+
 -- name: job_claim_plain
 -- The claim when no job in reach has a concurrency or fairness key (the usual
 -- case), as one small statement: the full claim below costs about a fifth more
@@ -94,19 +113,7 @@ WITH clock AS MATERIALIZED (
      ORDER BY c.priority DESC, c.run_at, c.id
      LIMIT %(limit)s
 ), claimed AS (
-    -- Runs whether or not it is read: every picked row gets its event.
-    INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
-    SELECT 'job', p.id, p.version + 1, 'Claimed', p.data, p.workflow_id, c.at, %(worker)s,
-           event_hash(p.chain, 'job', p.id, p.version + 1, 'Claimed', 1::smallint, p.data, NULL,
-                      p.workflow_id, c.at, %(worker)s)
-      FROM picked p, clock c
-), spent AS (
-    -- The buckets' shards: refilled to now, less what this claim took.
-    UPDATE queue_buckets b
-       SET tokens = k.tokens - (SELECT count(*) FROM picked p WHERE p.queue = k.queue),
-           refilled_at = (SELECT at FROM clock)
-      FROM bucket k
-     WHERE b.queue = k.queue AND b.shard = k.shard
+    -- include: job_claim_record
 )
 SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_seconds,
        p.workflow_id, p.step, p.tags, p.trace
@@ -256,19 +263,7 @@ WITH RECURSIVE clock AS MATERIALIZED (
      ORDER BY p.priority DESC, p.turn, p.run_at, p.id
      LIMIT %(limit)s
 ), claimed AS (
-    -- Runs whether or not it is read: every picked row gets its event.
-    INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
-    SELECT 'job', p.id, p.version + 1, 'Claimed', p.data, p.workflow_id, c.at, %(worker)s,
-           event_hash(p.chain, 'job', p.id, p.version + 1, 'Claimed', 1::smallint, p.data, NULL,
-                      p.workflow_id, c.at, %(worker)s)
-      FROM picked p, clock c
-), spent AS (
-    -- The rate-limited queues' bucket shards: refilled to now, less what this claim took.
-    UPDATE queue_buckets b
-       SET tokens = k.tokens - (SELECT count(*) FROM picked p WHERE p.queue = k.queue),
-           refilled_at = (SELECT at FROM clock)
-      FROM bucket k
-     WHERE b.queue = k.queue AND b.shard = k.shard
+    -- include: job_claim_record
 )
 SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_seconds,
        p.workflow_id, p.step, p.tags, p.trace
