@@ -160,7 +160,9 @@ def test_the_keda_query_counts_due_pending_and_running_jobs(objects, conn):
     later = datetime.now(timezone.utc) + timedelta(hours=1)
     add_jobs(conn, *({"task": "echo", "queue": "default"} for _ in range(7)))
     add_jobs(conn, *({"task": "echo", "queue": "default", "run_at": later} for _ in range(4)))  # not due
-    add_jobs(conn, *({"task": "echo", "queue": "other"} for _ in range(5)))
+    add_jobs(conn, *({"task": "echo", "queue": "other"} for _ in range(3)))
+    add_jobs(conn, {"task": "echo", "queue": "other", "fairness_key": "tenant"},  # the flow index's jobs
+             {"task": "echo", "queue": "other", "concurrency_key": "k", "concurrency_limit": 1})
     claim(conn, ["default"], 2, "runner-0")  # 2 running, 5 due pending
     query = by_kind(objects, "ScaledObject")["spec"]["triggers"][0]["metadata"]["query"]
     assert conn.execute(query).fetchone() == {"queue_demand": 7}
@@ -171,12 +173,34 @@ def test_the_keda_query_counts_due_pending_and_running_jobs(objects, conn):
     assert conn.execute(query).fetchone() == {"queue_demand": 7}
 
 
-def test_the_keda_query_reads_the_claim_index(conn):
-    with conn.transaction():
-        conn.execute("SET LOCAL enable_seqscan = off")  # a tiny table: make the planner show its index choice
-        plan = "\n".join(row["QUERY PLAN"] for row in conn.execute(
-            "EXPLAIN SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE j.status = 'pending' "
-            "AND j.queue = 'default' AND j.run_at <= now() LIMIT 1000) due"))
-    assert "jobs_claim" in plan, plan
+def test_the_oldest_due_pending_job_is_found_in_both_pending_indexes_and_every_priority(conn):
+    now = datetime.now(timezone.utc)
+    oldest = lambda queue: conn.execute("SELECT queue_oldest_due(%s) AS at", [queue]).fetchone()["at"]  # noqa: E731
+    add_jobs(conn, {"task": "echo", "queue": "q", "priority": 5, "run_at": now - timedelta(minutes=1)},
+             {"task": "echo", "queue": "q", "priority": 1, "run_at": now - timedelta(minutes=5)},
+             {"task": "echo", "queue": "q", "priority": 9, "run_at": now + timedelta(hours=1)})  # not due
+    assert oldest("q") == now - timedelta(minutes=5)
+    add_jobs(conn, {"task": "echo", "queue": "q", "priority": 3, "fairness_key": "t",
+                    "run_at": now - timedelta(minutes=9)})
+    assert oldest("q") == now - timedelta(minutes=9)
+    add_jobs(conn, {"task": "echo", "queue": "q", "priority": 7, "concurrency_key": "k", "concurrency_limit": 2,
+                    "run_at": now - timedelta(minutes=20)})
+    assert oldest("q") == now - timedelta(minutes=20)
+    assert oldest("nobody") is None
+    add_jobs(conn, {"task": "echo", "queue": "later", "run_at": now + timedelta(minutes=1)})
+    assert oldest("later") is None
+
+
+def test_the_keda_query_reads_the_pending_indexes(conn):
     source = (BASE.parent.parent / "migrations" / "definitions" / "75_scaling.sql").read_text()
-    assert "j.status = 'pending' AND j.queue = p_queue AND j.run_at <= now()" in source  # the same shape
+    for shape, index in (("AND j.concurrency_key IS NULL AND j.fairness_key IS NULL", "jobs_claim_plain"),
+                         ("AND (j.concurrency_key IS NOT NULL OR j.fairness_key IS NOT NULL)",
+                          "jobs_pending_flow")):
+        query = ("SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE j.status = 'pending' AND j.queue = 'default'"
+                 f" AND j.run_at <= now() {shape} LIMIT 1000) due")
+        with conn.transaction():
+            conn.execute("SET LOCAL enable_seqscan = off")  # a tiny table: make the planner show its index
+            plan = "\n".join(row["QUERY PLAN"] for row in conn.execute("EXPLAIN " + query))
+        assert index in plan, plan
+        assert "j.status = 'pending' AND j.queue = p_queue AND j.run_at <= now()\n" in source
+        assert shape in source  # queue_demand() has the same shape

@@ -97,9 +97,8 @@ SELECT w.id, w.name, w.status, w.tags, w.error, w.created_at, w.updated_at, w.fi
 -- name: queues_stats
 -- Counts by queue and status from the counter projection (queue_counts plus
 -- the deltas the monitor has not folded in yet: one consistent snapshot of
--- both is exact), not a scan of jobs. The oldest due pending job of a queue
--- is the first entry of each priority in the claim index (a loose index scan:
--- a probe per distinct priority, whatever the backlog).
+-- both is exact), not a scan of jobs. The oldest due pending job of a queue:
+-- queue_oldest_due(), a few index probes whatever the backlog.
 WITH counts AS (
     SELECT queue, status, sum(n)::bigint AS n
       FROM (SELECT queue, status, n FROM queue_counts
@@ -109,22 +108,8 @@ WITH counts AS (
     HAVING sum(n) <> 0
 )
 SELECT c.queue, c.status, c.n,
-       CASE WHEN c.status = 'pending' THEN (
-           WITH RECURSIVE priorities AS (
-               (SELECT j.priority FROM jobs j WHERE j.status = 'pending' AND j.queue = c.queue
-                 ORDER BY j.priority DESC LIMIT 1)
-               UNION ALL
-               SELECT (SELECT j.priority FROM jobs j
-                        WHERE j.status = 'pending' AND j.queue = c.queue AND j.priority < p.priority
-                        ORDER BY j.priority DESC LIMIT 1)
-                 FROM priorities p WHERE p.priority IS NOT NULL
-           )
-           SELECT extract(epoch FROM (now() - min(first.run_at)))::float8
-             FROM priorities p
-            CROSS JOIN LATERAL (SELECT j.run_at FROM jobs j
-                                 WHERE j.status = 'pending' AND j.queue = c.queue AND j.priority = p.priority
-                                 ORDER BY j.priority DESC, j.run_at LIMIT 1) first
-            WHERE p.priority IS NOT NULL AND first.run_at <= now())
+       CASE WHEN c.status = 'pending'
+            THEN extract(epoch FROM (now() - queue_oldest_due(c.queue)))::float8
        END AS oldest_due_seconds
   FROM counts c
  ORDER BY c.queue, c.status

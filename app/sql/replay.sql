@@ -131,9 +131,10 @@ CREATE SCHEMA {schema}
 
 -- name: replay_scratch_table
 -- Unlogged: a scratch copy is rebuilt from the log, never recovered from WAL.
--- Only the primary key (the fold finds rows by it); fillfactor leaves room on
--- each page for the next versions of its rows, so the fold's updates are HOT.
-CREATE UNLOGGED TABLE {target} (LIKE {source} INCLUDING DEFAULTS) WITH (fillfactor = 70)
+-- Only the primary key (the fold finds rows by it); fillfactor (the
+-- projection's) leaves room on each page for the next versions of its rows,
+-- so the fold's updates are HOT: no key entry per version.
+CREATE UNLOGGED TABLE {target} (LIKE {source} INCLUDING DEFAULTS) WITH (fillfactor = {fillfactor})
 
 -- name: replay_temp_table
 -- The same, for one transaction's own use (verify, as-of reads).
@@ -154,8 +155,11 @@ CREATE TABLE {meta} (
 )
 
 -- name: replay_scratch_analyze
--- Statistics for the swap's joins, which run right after the rebuild.
-ANALYZE {target}
+-- Statistics for the joins of verify and swap, which run right after the
+-- rebuild and join on the primary key: the table's size and its key columns'
+-- statistics are what they need. (Analyzing every column sorted a sample of
+-- each jsonb column: 14% of a rebuild's time, measured with perf.)
+ANALYZE {target} ({keys})
 
 -- name: replay_scratch_meta_write
 INSERT INTO {meta} (snapshot, as_of, last_position, events)

@@ -43,11 +43,17 @@ class Projection:
     # Compared in one statement rather than chunk by chunk: a table whose
     # primary key does not start with id would be scanned whole per chunk.
     verify_whole: bool = False
+    # Of the scratch copy. A row the fold updates several times in one chunk (a
+    # job: Claimed, then Succeeded) needs room on its page for its new versions:
+    # the rebuild's own versions cannot be pruned before it commits, and an
+    # update that finds no room writes a key entry too. 30 against 70 took ~15%
+    # off a rebuild's CPU (bench: /proc schedstat of the rebuilding backend).
+    fillfactor: int = 100
 
 
 PROJECTIONS = (
-    Projection("workflows"),
-    Projection("jobs"),
+    Projection("workflows", fillfactor=30),
+    Projection("jobs", fillfactor=30),
     Projection("execution_tags", verify_whole=True),
     Projection("tokens"),  # API tokens (migrations/0011, definitions/70_tokens.sql)
     # flow control's settings (definitions/65_flow.sql, flow_project)
@@ -135,7 +141,8 @@ def create_scratch_tables(cur, schema: str | None, live: str, *, feeds: int = 1)
             cur.execute(template("replay_temp_table", target=target, source=source))
         else:
             target = sql.Identifier(schema, projection.table)
-            cur.execute(template("replay_scratch_table", target=target, source=source))
+            cur.execute(template("replay_scratch_table", target=target, source=source,
+                                 fillfactor=sql.Literal(projection.fillfactor)))
         cur.execute(template("replay_scratch_key", target=target,
                              keys=sql.SQL(", ").join(map(sql.Identifier, keys))))
     events = sql.Identifier(live, "events")

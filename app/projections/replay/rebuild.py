@@ -18,9 +18,9 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from qforge.projections.replay.common import (CHUNK_POSITIONS, META_TABLE, PROJECTIONS, REPLAY_LOCK_KEY,
-                                              SCRATCH_SCHEMA, Progress, create_scratch_tables, feed_name,
-                                              fold_into, live_schema, refuse_live_schema, require_idle,
-                                              scratch_names, template)
+                                              SCRATCH_SCHEMA, Progress, columns_of, create_scratch_tables,
+                                              feed_name, fold_into, live_schema, refuse_live_schema,
+                                              require_idle, scratch_names, template)
 from qforge.projections.replay.archived import load_archive, release
 from qforge.sql import q
 
@@ -116,7 +116,9 @@ def rebuild(conn, schema: str = SCRATCH_SCHEMA, as_of_position: int | None = Non
         with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             for projection in PROJECTIONS:
                 target = names[projection.table]
-                cur.execute(template("replay_scratch_analyze", target=target))
+                keys, _ = columns_of(cur, sql.Identifier(live, projection.table).as_string(cur))
+                cur.execute(template("replay_scratch_analyze", target=target,
+                                     keys=sql.SQL(", ").join(map(sql.Identifier, keys))))
                 cur.execute(template("replay_row_count", target=target))
                 stats.rows[projection.table] = cur.fetchone()["n"]
     finally:
