@@ -228,7 +228,11 @@ def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
                 if subscriber.poll() is None:
                     subscriber.kill()
                     subscriber.wait()
-            return {**parse_result(out), "appended_events_per_s": appended["events_per_s"]}
+            result = parse_result(out)
+            if not result["exactly_once_in_order"]:  # a fast figure for a wrong stream is no figure
+                raise RuntimeError(f"SSE: {subscribers} subscriber(s) did not each get the"
+                                   f" {appended['events']} events exactly once in order: {result}")
+            return {**result, "appended_events_per_s": appended["events_per_s"]}
 
         for rep in range(args.repeat):
             # One subscriber, then many, at the same rate: the goal is their ratio in each repetition.
