@@ -145,17 +145,21 @@ async def subscribe(args: argparse.Namespace) -> None:
     if bad:
         raise RuntimeError(f"subscribers got {bad[:3]}")
     print("READY", flush=True)
+    cpu_started = time.process_time()
     expected = int(await loop.run_in_executor(None, sys.stdin.readline))
     deadline = time.monotonic() + args.timeout
     while min(p.messages for p in protocols) < expected and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
+    client_cpu = time.process_time() - cpu_started
     counts = sorted(p.messages for p in protocols)
     lags.sort()
     emit({"subscribers": args.subscribers, "messages": len(lags), "expected_each": expected,
           "complete": counts[0] >= expected, **delivery_check(protocols, expected),
           "per_subscriber_min": counts[0], "per_subscriber_max": counts[-1],
           "p50_ms": percentile(lags, 0.5), "p99_ms": percentile(lags, 0.99),
-          "max_ms": lags[-1] if lags else None})
+          "max_ms": lags[-1] if lags else None,
+          # the measuring client's own CPU per message received (it shares the machine's cores)
+          "client_cpu_us_per_message": client_cpu * 1e6 / max(len(lags), 1)})
 
 
 def delivery_check(protocols: list[Subscriber], expected: int) -> dict[str, bool]:

@@ -24,7 +24,7 @@ from qforge.api.auth import Caller, needs
 from qforge.api.common import ERRORS, bad_query, tags_of
 from qforge.api.deps import ReadConn, Resources
 from qforge.api.errors import ApiError
-from qforge.api.hub import Batch, encode
+from qforge.api.hub import Batch, Key, encode, key_of
 from qforge.api.models import EventPage, StreamTicket
 from qforge.events import store
 from qforge.events.types import Event
@@ -65,23 +65,25 @@ class Filters:
 
     def __init__(self, workflow_id: UUID | None, job_id: UUID | None,
                  tags: list[tuple[str, str]], types: set[str], actor: str | None = None):
-        self.workflow_id, self.job_id, self.tags, self.types = workflow_id, job_id, tags, types
-        self.actor = actor
+        # as str: they are compared with the cached messages' keys (hub.Key)
+        self.workflow_id = None if workflow_id is None else str(workflow_id)
+        self.job_id = None if job_id is None else str(job_id)
+        self.tags, self.types, self.actor = tags, types, actor
 
     def __bool__(self) -> bool:
         """Is any filter set (else every event matches)?"""
         return bool(self.workflow_id or self.job_id or self.tags or self.types or self.actor)
 
-    def match(self, event: Event) -> bool:
-        if self.workflow_id and self.workflow_id not in (event.workflow_id, event.stream_id):
+    def match(self, key: Key) -> bool:
+        if self.workflow_id and self.workflow_id not in (key.workflow_id, key.stream_id):
             return False
-        if self.job_id and event.stream_id != self.job_id:
+        if self.job_id and key.stream_id != self.job_id:
             return False
-        if self.types and event.type not in self.types:
+        if self.types and key.type not in self.types:
             return False
-        if self.actor and event.actor != self.actor:
+        if self.actor and key.actor != self.actor:
             return False
-        return all(event.tags.get(key) == value for key, value in self.tags)
+        return all(tag in key.tags for tag in self.tags)  # (name, value) pairs: tag name=value
 
 
 def _read_page(resources: Resources, cursor: store.Cursor) -> list[Event]:
@@ -126,8 +128,10 @@ async def subscribe(resources: Resources, cursor: store.Cursor, filters: Filters
                 await asyncio.sleep(1.0)  # the database is away; keep the client, retry
                 continue
             # encode only what this client wants; the others just move the cursor
+            keys = [key_of(event) for event in page]
             batch = Batch(store.cursor_of(page[-1]) if page else cursor, len(page),
-                          b"".join(encode(event).sse for event in page if filters.match(event)))
+                          b"".join(encode(event, key).sse for event, key in zip(page, keys)
+                                   if filters.match(key)))
         full = batch.count == PAGE_SIZE
         cursor = batch.cursor
         if batch.sse:
