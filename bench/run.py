@@ -21,6 +21,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -191,6 +192,41 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class ForeignXminWatch:
+    """The longest transaction of ANOTHER database holding an xid while it runs. The gapless
+    read shows an event only once every older transaction of the whole cluster has ended
+    (pg_current_snapshot's xmin is cluster-wide), so on a shared server another database's
+    long transaction (a bulk load, CREATE DATABASE) holds every SSE message back: such a
+    repetition measures the neighbour, and says so here."""
+
+    def __init__(self, admin_url: str, database: str) -> None:
+        self.admin_url, self.database = admin_url, database
+        self.longest_s = 0.0
+        self.what = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> "ForeignXminWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            while not self._stop.wait(0.05):
+                row = conn.execute(
+                    "SELECT extract(epoch FROM clock_timestamp() - xact_start)::float8, datname,"
+                    "       left(query, 60)"
+                    "  FROM pg_stat_activity"
+                    " WHERE backend_xid IS NOT NULL AND datname IS DISTINCT FROM %s"
+                    " ORDER BY xact_start LIMIT 1", (self.database,)).fetchone()
+                if row and row[0] > self.longest_s:
+                    self.longest_s, self.what = row[0], f"{row[1]}: {row[2]}"
+
+
 def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
     import httpx
 
@@ -221,11 +257,12 @@ def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
                 if subscriber.stdout.readline().strip() != "READY":
                     raise RuntimeError("SSE subscribers did not connect")
                 api_cpu = psutil.Process(api.pid).cpu_times()
-                appended = parse_result(subprocess.run(
-                    [sys.executable, str(BENCH_DIR / "qf_sse.py"), "append", "--url", url,
-                     "--rate", str(args.sse_rate), "--seconds", str(args.sse_seconds)],
-                    capture_output=True, text=True, env=env, check=True).stdout)
-                out, _ = subscriber.communicate(f"{appended['events']}\n", timeout=120)
+                with ForeignXminWatch(bench.admin_url, bench.name("sse")) as foreign:
+                    appended = parse_result(subprocess.run(
+                        [sys.executable, str(BENCH_DIR / "qf_sse.py"), "append", "--url", url,
+                         "--rate", str(args.sse_rate), "--seconds", str(args.sse_seconds)],
+                        capture_output=True, text=True, env=env, check=True).stdout)
+                    out, _ = subscriber.communicate(f"{appended['events']}\n", timeout=120)
                 api_cpu_after = psutil.Process(api.pid).cpu_times()
             finally:
                 if subscriber.poll() is None:
@@ -238,6 +275,7 @@ def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
             api_cpu_s = api_cpu_after.user + api_cpu_after.system - api_cpu.user - api_cpu.system
             # the server's CPU per message it delivered: less sensitive to the other loads than lag
             return {**result, "appended_events_per_s": appended["events_per_s"],
+                    "foreign_xid_held_s": foreign.longest_s, "foreign_xid_holder": foreign.what,
                     "api_cpu_us_per_message": api_cpu_s * 1e6 / max(result["messages"], 1)}
 
         for rep in range(args.repeat):
@@ -252,7 +290,9 @@ def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
                 f" events/s, p99 lag {result['p99_ms']:.0f} ms (1 subscriber: {single['p99_ms']:.0f} ms,"
                 f" ratio {result['ratio_p99']:.2f}), complete={result['complete']}; CPU µs per message"
                 f" delivered: API {result['api_cpu_us_per_message']:.1f} (1 subscriber:"
-                f" {single['api_cpu_us_per_message']:.1f}), client {result['client_cpu_us_per_message']:.1f}")
+                f" {single['api_cpu_us_per_message']:.1f}), client {result['client_cpu_us_per_message']:.1f};"
+                f" another database held an xid for up to {result['foreign_xid_held_s']:.1f} s"
+                f" (1 subscriber: {single['foreign_xid_held_s']:.1f} s)")
     finally:
         bench.stop_workers([api])
         api_log.close()
