@@ -128,10 +128,9 @@ async def subscribe(resources: Resources, cursor: store.Cursor, filters: Filters
                 await asyncio.sleep(1.0)  # the database is away; keep the client, retry
                 continue
             # encode only what this client wants; the others just move the cursor
-            keys = [key_of(event) for event in page]
+            keyed = ((event, key_of(event)) for event in page)
             batch = Batch(store.cursor_of(page[-1]) if page else cursor, len(page),
-                          b"".join(encode(event, key).sse for event, key in zip(page, keys)
-                                   if filters.match(key)))
+                          b"".join(encode(event, key).sse for event, key in keyed if filters.match(key)))
         full = batch.count == PAGE_SIZE
         cursor = batch.cursor
         if batch.sse:

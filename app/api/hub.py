@@ -59,10 +59,10 @@ class Key(NamedTuple):
 
 class Message(NamedTuple):
     """One cached event: its cursor, its SSE bytes, and its filter key. No pydantic Event:
-    a tuple of ints, str and bytes is untracked by the garbage collector, so 20,000 cached
-    messages add nothing to a full collection (with Events, ~8 tracked objects each, a
-    full collection walked 160,000 more objects: the first repetition's 0.1-0.3 s stalls
-    while the cache was filling)."""
+    with one, each cached event was 8 objects the garbage collector tracks, and filling the
+    cache (the first repetition of the bench) set off full collections of 0.1-0.3 s that
+    stopped every stream; a Message and its Key are 2 (the rest is str, bytes and tuples
+    of them, which the collector stops tracking), and none happens while it fills."""
     cursor: store.Cursor
     sse: bytes
     key: Key
