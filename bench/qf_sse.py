@@ -26,20 +26,32 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import emit, percentile  # noqa: E402
 
 OCCURRED_AT = re.compile(rb'"occurred_at":\s*"([^"]+)"')
-MESSAGE_END = re.compile(rb"\r\n\r\n|\n\n")
+# A message's first line (complete text starts at a message: see data_received). A
+# literal first: re finds it by a fast scan, where a MULTILINE ^ tries every position.
+EVENT_ID = re.compile(rb"\nid: ?([0-9]+-[0-9]+)\r?\n")
+OCCURRED_MEMO = 4096  # occurred_at texts remembered (an appended batch of 10 shares one)
+
+
+def message_end(text: bytes) -> int:
+    """Where the last complete message of `text` ends (0: none is complete yet)."""
+    crlf, lf = text.rfind(b"\r\n\r\n"), text.rfind(b"\n\n")
+    return max(crlf + 4 if crlf >= 0 else 0, lf + 2 if lf >= 0 else 0)
 
 
 class Subscriber(asyncio.Protocol):
-    """One SSE connection: undoes chunked encoding, splits messages, records lags."""
+    """One SSE connection: undoes chunked encoding, splits messages, records lags and ids."""
 
-    def __init__(self, lags: list[float], ready: asyncio.Event, counter: list[int]) -> None:
+    def __init__(self, lags: list[float], ready: asyncio.Event, counter: list[int],
+                 occurred: dict[bytes, float]) -> None:
         self.lags = lags
         self.ready = ready
         self.counter = counter
+        self.occurred = occurred  # occurred_at text -> epoch seconds, shared by the subscribers
         self.headers_done = False
         self.raw = b""  # bytes not yet de-chunked
         self.chunk_left = 0  # bytes of the current chunk still to come
         self.text = b""  # de-chunked bytes not yet split into messages
+        self.ids: list[bytes] = []  # every event id received, in order (checked at the end)
         self.messages = 0
         self.status = b""
 
@@ -48,7 +60,7 @@ class Subscriber(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         now = time.time()
-        self.raw += data
+        self.raw = self.raw + data if self.raw else data
         if not self.headers_done:
             end = self.raw.find(b"\r\n\r\n")
             if end < 0:
@@ -60,40 +72,58 @@ class Subscriber(asyncio.Protocol):
             if self.counter[0] == self.counter[1]:
                 self.ready.set()
         self._dechunk()
-        # One split per read: a server that batches many messages into one
-        # write must not make this client quadratic (slicing per message).
-        *messages, self.text = MESSAGE_END.split(self.text)
-        for message in messages:
-            found = OCCURRED_AT.search(message)
-            if found:
-                occurred = datetime.fromisoformat(found.group(1).decode()).timestamp()
-                self.lags.append((now - occurred) * 1000.0)
-                self.messages += 1
+        # One parse per read, not per message: the complete messages of this read are
+        # scanned once for their ids and their occurred_at; each message still gets its
+        # own lag (this read's time minus its occurred_at). Pings have neither.
+        end = message_end(self.text)
+        if not end:
+            return
+        complete, self.text = self.text[:end], self.text[end:]
+        ids = EVENT_ID.findall(b"\n" + complete)
+        occurred_texts = OCCURRED_AT.findall(complete)
+        if len(ids) != len(occurred_texts):
+            raise RuntimeError(f"{len(ids)} ids but {len(occurred_texts)} occurred_at in one read")
+        occurred = self.occurred
+        for text in occurred_texts:
+            at = occurred.get(text)
+            if at is None:
+                if len(occurred) >= OCCURRED_MEMO:
+                    occurred.clear()
+                at = occurred[text] = datetime.fromisoformat(text.decode()).timestamp()
+            self.lags.append((now - at) * 1000.0)
+        self.ids += ids
+        self.messages += len(ids)
 
     def _dechunk(self) -> None:
-        while self.raw:
+        """Move the complete chunk data of `raw` to `text` (one join per read, no slicing
+        per chunk: a read holds many chunks when the client falls behind)."""
+        raw, at, pieces = self.raw, 0, []
+        while at < len(raw):
             if self.chunk_left > 0:
-                take = self.raw[:self.chunk_left]
-                self.text += take
-                self.raw = self.raw[len(take):]
+                take = raw[at:at + self.chunk_left]
+                pieces.append(take)
+                at += len(take)
                 self.chunk_left -= len(take)
                 if self.chunk_left == 0:
                     self.chunk_left = -2  # the CRLF after the chunk
                 continue
             if self.chunk_left < 0:
-                if len(self.raw) < 2:
-                    return
-                self.raw = self.raw[2:]
+                if len(raw) - at < 2:
+                    break
+                at += 2
                 self.chunk_left = 0
                 continue
-            line_end = self.raw.find(b"\r\n")
+            line_end = raw.find(b"\r\n", at)
             if line_end < 0:
-                return
-            size = int(self.raw[:line_end].split(b";")[0], 16)
-            self.raw = self.raw[line_end + 2:]
-            self.chunk_left = size if size else 0
-            if size == 0:
-                return
+                break
+            size = int(raw[at:line_end].split(b";")[0], 16)
+            at = line_end + 2
+            self.chunk_left = size
+            if size == 0:  # the last chunk: the server ended the stream
+                break
+        self.raw = raw[at:] if at else raw
+        if pieces:
+            self.text = b"".join([self.text, *pieces]) if self.text else b"".join(pieces)
 
 
 async def subscribe(args: argparse.Namespace) -> None:
@@ -101,12 +131,13 @@ async def subscribe(args: argparse.Namespace) -> None:
     ready = asyncio.Event()
     counter = [0, args.subscribers]
     lags: list[float] = []
+    occurred: dict[bytes, float] = {}
     protocols = []
     request = (f"GET /events/stream HTTP/1.1\r\nHost: 127.0.0.1:{args.port}\r\n"
                "Accept: text/event-stream\r\n\r\n").encode()
     for _ in range(args.subscribers):
         transport, protocol = await loop.create_connection(
-            lambda: Subscriber(lags, ready, counter), "127.0.0.1", args.port)
+            lambda: Subscriber(lags, ready, counter, occurred), "127.0.0.1", args.port)
         transport.write(request)
         protocols.append(protocol)
     await asyncio.wait_for(ready.wait(), 60)
@@ -114,17 +145,33 @@ async def subscribe(args: argparse.Namespace) -> None:
     if bad:
         raise RuntimeError(f"subscribers got {bad[:3]}")
     print("READY", flush=True)
+    cpu_started = time.process_time()
     expected = int(await loop.run_in_executor(None, sys.stdin.readline))
     deadline = time.monotonic() + args.timeout
     while min(p.messages for p in protocols) < expected and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
+    client_cpu = time.process_time() - cpu_started
     counts = sorted(p.messages for p in protocols)
     lags.sort()
     emit({"subscribers": args.subscribers, "messages": len(lags), "expected_each": expected,
-          "complete": counts[0] >= expected,
+          "complete": counts[0] >= expected, **delivery_check(protocols, expected),
           "per_subscriber_min": counts[0], "per_subscriber_max": counts[-1],
           "p50_ms": percentile(lags, 0.5), "p99_ms": percentile(lags, 0.99),
-          "max_ms": lags[-1] if lags else None})
+          "max_ms": lags[-1] if lags else None,
+          # the measuring client's own CPU per message received (it shares the machine's cores)
+          "client_cpu_us_per_message": client_cpu * 1e6 / max(len(lags), 1)})
+
+
+def delivery_check(protocols: list[Subscriber], expected: int) -> dict[str, bool]:
+    """Did every subscriber get every appended event exactly once, in log order? (Only the
+    bench's appends reach the log during a run, so: `expected` ids, strictly increasing
+    by (xid, position), and the same sequence for every subscriber.)"""
+    first = protocols[0].ids
+    in_order = all(
+        all(a < b for a, b in zip(cursors, cursors[1:]))
+        for cursors in ([tuple(map(int, i.split(b"-"))) for i in p.ids] for p in protocols))
+    return {"exactly_once_in_order": in_order and len(first) == expected
+            and all(p.ids == first for p in protocols)}
 
 
 def append(args: argparse.Namespace) -> None:

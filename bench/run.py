@@ -21,6 +21,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,6 +32,7 @@ ROOT = BENCH_DIR.parent
 sys.path.insert(0, str(BENCH_DIR))
 sys.path.insert(0, str(ROOT))
 
+import psutil  # noqa: E402
 import psycopg  # noqa: E402
 
 from common import parse_result, summarize  # noqa: E402
@@ -190,6 +192,41 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class ForeignXminWatch:
+    """The longest transaction of ANOTHER database holding an xid while it runs. The gapless
+    read shows an event only once every older transaction of the whole cluster has ended
+    (pg_current_snapshot's xmin is cluster-wide), so on a shared server another database's
+    long transaction (a bulk load, CREATE DATABASE) holds every SSE message back: such a
+    repetition measures the neighbour, and says so here."""
+
+    def __init__(self, admin_url: str, database: str) -> None:
+        self.admin_url, self.database = admin_url, database
+        self.longest_s = 0.0
+        self.what = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> "ForeignXminWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            while not self._stop.wait(0.05):
+                row = conn.execute(
+                    "SELECT extract(epoch FROM clock_timestamp() - xact_start)::float8, datname,"
+                    "       left(query, 60)"
+                    "  FROM pg_stat_activity"
+                    " WHERE backend_xid IS NOT NULL AND datname IS DISTINCT FROM %s"
+                    " ORDER BY xact_start LIMIT 1", (self.database,)).fetchone()
+                if row and row[0] > self.longest_s:
+                    self.longest_s, self.what = row[0], f"{row[1]}: {row[2]}"
+
+
 def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
     import httpx
 
@@ -219,27 +256,43 @@ def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
             try:
                 if subscriber.stdout.readline().strip() != "READY":
                     raise RuntimeError("SSE subscribers did not connect")
-                appended = parse_result(subprocess.run(
-                    [sys.executable, str(BENCH_DIR / "qf_sse.py"), "append", "--url", url,
-                     "--rate", str(args.sse_rate), "--seconds", str(args.sse_seconds)],
-                    capture_output=True, text=True, env=env, check=True).stdout)
-                out, _ = subscriber.communicate(f"{appended['events']}\n", timeout=120)
+                api_cpu = psutil.Process(api.pid).cpu_times()
+                with ForeignXminWatch(bench.admin_url, bench.name("sse")) as foreign:
+                    appended = parse_result(subprocess.run(
+                        [sys.executable, str(BENCH_DIR / "qf_sse.py"), "append", "--url", url,
+                         "--rate", str(args.sse_rate), "--seconds", str(args.sse_seconds)],
+                        capture_output=True, text=True, env=env, check=True).stdout)
+                    out, _ = subscriber.communicate(f"{appended['events']}\n", timeout=120)
+                api_cpu_after = psutil.Process(api.pid).cpu_times()
             finally:
                 if subscriber.poll() is None:
                     subscriber.kill()
                     subscriber.wait()
-            return {**parse_result(out), "appended_events_per_s": appended["events_per_s"]}
+            result = parse_result(out)
+            if not result["exactly_once_in_order"]:  # a fast figure for a wrong stream is no figure
+                raise RuntimeError(f"SSE: {subscribers} subscriber(s) did not each get the"
+                                   f" {appended['events']} events exactly once in order: {result}")
+            api_cpu_s = api_cpu_after.user + api_cpu_after.system - api_cpu.user - api_cpu.system
+            # the server's CPU per message it delivered: less sensitive to the other loads than lag
+            return {**result, "appended_events_per_s": appended["events_per_s"],
+                    "foreign_xid_held_s": foreign.longest_s, "foreign_xid_holder": foreign.what,
+                    "api_cpu_us_per_message": api_cpu_s * 1e6 / max(result["messages"], 1)}
 
         for rep in range(args.repeat):
             # One subscriber, then many, at the same rate: the goal is their ratio in each repetition.
             single = one_run(1)
             result = one_run(args.sse_subscribers)
             result["single_p99_ms"] = single["p99_ms"]
+            result["single"] = single
             result["ratio_p99"] = result["p99_ms"] / max(single["p99_ms"], 0.001)
             reps.append(result)
             log(f"sse rep {rep + 1}: {result['subscribers']} subscribers, {result['appended_events_per_s']:.0f}"
                 f" events/s, p99 lag {result['p99_ms']:.0f} ms (1 subscriber: {single['p99_ms']:.0f} ms,"
-                f" ratio {result['ratio_p99']:.2f}), complete={result['complete']}")
+                f" ratio {result['ratio_p99']:.2f}), complete={result['complete']}; CPU µs per message"
+                f" delivered: API {result['api_cpu_us_per_message']:.1f} (1 subscriber:"
+                f" {single['api_cpu_us_per_message']:.1f}), client {result['client_cpu_us_per_message']:.1f};"
+                f" another database held an xid for up to {result['foreign_xid_held_s']:.1f} s"
+                f" (1 subscriber: {single['foreign_xid_held_s']:.1f} s)")
     finally:
         bench.stop_workers([api])
         api_log.close()
@@ -248,6 +301,8 @@ def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
             "single_p99_ms": summarize([r["single_p99_ms"] for r in reps]),
             "ratio_p99": summarize([r["ratio_p99"] for r in reps]),
             "worst_ratio_p99": max(r["ratio_p99"] for r in reps),
+            "api_cpu_us_per_message": summarize([r["api_cpu_us_per_message"] for r in reps]),
+            "single_api_cpu_us_per_message": summarize([r["single"]["api_cpu_us_per_message"] for r in reps]),
             "subscribers": args.sse_subscribers, "rate": args.sse_rate, "seconds": args.sse_seconds, "raw": reps}
 
 

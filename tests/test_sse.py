@@ -8,8 +8,10 @@ import queue
 import socket
 import threading
 import time
+from datetime import datetime, timezone
 from typing import Iterator
 from urllib.parse import urlsplit
+from uuid import UUID, uuid4
 
 import httpx
 import psycopg
@@ -17,10 +19,12 @@ import pytest
 
 from qforge.api import events as events_route
 from qforge.api.app import create_app
+from qforge.api.hub import EventHub, encode
 from qforge.api.server import BackgroundServer
 from qforge.commands.enqueue import JobSpec, enqueue
 from qforge.commands.workflows import StepSpec, WorkflowSpec, submit
 from qforge.events.store import decode_cursor
+from qforge.events.types import Event
 from qforge.settings import Settings
 
 
@@ -244,3 +248,40 @@ def test_a_client_that_never_reads_does_not_hold_up_others(server, conn, readers
         assert numbers(reader.take(600, timeout=30)) == list(range(600))
     finally:
         stalled.close()
+
+
+def _cached_event(position: int, *, stream_id: UUID, type: str = "Enqueued", actor: str = "a",
+                  workflow_id: UUID | None = None, tags: dict[str, str] | None = None) -> Event:
+    return Event(position=position, xid=100, stream_type="job", stream_id=stream_id, version=1, type=type,
+                 schema_version=1, data={}, tags=tags or {}, workflow_id=workflow_id,
+                 occurred_at=datetime.now(timezone.utc), actor=actor)
+
+
+def test_cached_batches_filter_by_key_and_unfiltered_ones_are_shared() -> None:
+    """The hub's cache path: what each filter keeps (str keys, not Events), and one joined
+    batch per cursor for every unfiltered subscriber, cut at `limit`."""
+    hub = EventHub("postgresql://unused")
+    job, other, workflow = uuid4(), uuid4(), uuid4()
+    events = [_cached_event(1, stream_id=job, tags={"team": "y"}),
+              _cached_event(2, stream_id=other, type="Claimed", actor="w1", workflow_id=workflow),
+              _cached_event(3, stream_id=workflow, type="WorkflowSubmitted", tags={"team": "x"})]
+    hub.cache.extend(encode(event) for event in events)
+    hub.cached_from = (100, 0)
+
+    def positions(filters: events_route.Filters) -> list[int]:
+        batch = hub.batch_after((100, 0), 10, filters.match if filters else None)
+        assert batch.cursor == (100, 3) and batch.count == 3  # filtered out or not, all are passed
+        return [json.loads(line[6:])["position"] for line in batch.sse.decode().splitlines()
+                if line.startswith("data: ")]
+
+    assert positions(events_route.Filters(None, None, [], set())) == [1, 2, 3]
+    assert positions(events_route.Filters(workflow, None, [], set())) == [2, 3]
+    assert positions(events_route.Filters(None, job, [], set())) == [1]
+    assert positions(events_route.Filters(None, None, [("team", "x")], set())) == [3]
+    assert positions(events_route.Filters(None, None, [("team", "x"), ("team", "y")], set())) == []
+    assert positions(events_route.Filters(None, None, [], {"Claimed", "Enqueued"})) == [1, 2]
+    assert positions(events_route.Filters(None, None, [], set(), actor="w1")) == [2]
+    shared = hub.batch_after((100, 0), 10)
+    assert hub.batch_after((100, 0), 10) is shared  # joined once for every unfiltered subscriber
+    assert hub.batch_after((100, 1), 1) == ((100, 2), 1, hub.cache[1].sse)
+    assert hub.batch_after((99, 5), 10) is None  # behind the cache: the subscriber reads the log

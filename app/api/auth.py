@@ -15,6 +15,7 @@ before that every request is `anonymous` with every scope, which is why
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -27,6 +28,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Request, Security
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from qforge.api.errors import ApiError
 from qforge.commands import tokens
@@ -44,8 +46,11 @@ API_TOKEN = "api-token"
 ANONYMOUS = Who("anonymous", "admin")
 TICKET_PURPOSE = "stream"
 TICKET_KEY = "stream_ticket"
-# How often an open stream asks again whether its token still works.
+# An open stream ends at most this long after its token is revoked: it asks again
+# every (1 - STREAM_VERDICT_SHARE) of it, and takes an answer asked for at most
+# STREAM_VERDICT_SHARE of it earlier (stream_still_allowed).
 STREAM_RECHECK_SECONDS = 5.0
+STREAM_VERDICT_SHARE = 0.2
 
 
 def needs(scope: str) -> dict[str, Any]:
@@ -197,6 +202,26 @@ def token_still_valid(request: Request, name: str) -> bool:
         if name == ANONYMOUS.name:
             return not resources.settings.api_token and not tokens.tokens_exist(conn)
         return tokens.is_active(conn, name)
+
+
+async def stream_still_allowed(request: Request, name: str) -> bool:
+    """token_still_valid for an open stream, asked ONCE for all the streams of the same token
+    that ask within STREAM_VERDICT_SHARE * STREAM_RECHECK_SECONDS of each other (100 streams
+    opened together would otherwise be 100 queries in the same instant, every few seconds,
+    from threads that take the GIL from the event loop that is sending the events).
+    A stream asks every (1 - share) * STREAM_RECHECK_SECONDS, so the first answer asked after
+    a revocation reaches it within STREAM_RECHECK_SECONDS, as before."""
+    verdicts = request.app.state.resources.stream_verdicts
+    loop = asyncio.get_running_loop()
+    now = time.monotonic()
+    asked = verdicts.get(name)
+    if (asked is None or asked[0] < now - STREAM_VERDICT_SHARE * STREAM_RECHECK_SECONDS
+            or asked[1].get_loop() is not loop):
+        task = loop.create_task(run_in_threadpool(token_still_valid, request, name))
+        # retrieved here too: an error nobody awaited any more is not logged as lost
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        asked = verdicts[name] = (now, task)
+    return await asyncio.shield(asked[1])  # one stream going away does not cancel the others' answer
 
 
 # --------------------------------------------------------------------------- every route guarded

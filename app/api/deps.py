@@ -8,6 +8,7 @@ client may have seen (app/api/consistency.py), else to the primary.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -41,6 +42,8 @@ class Resources:
         self._pool: ConnectionPool | None = None
         self._read_pool: ConnectionPool | None = None
         self._hub: EventHub | None = None
+        # auth.stream_still_allowed's last question per token name: (asked at, its answer)
+        self.stream_verdicts: dict[str, tuple[float, asyncio.Task[bool]]] = {}
         self._lock = threading.Lock()
         self._standby_down_until = 0.0
         self.last_write_lsn = 0  # the newest write this process made, as a WAL position

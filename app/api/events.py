@@ -24,7 +24,7 @@ from qforge.api.auth import Caller, needs
 from qforge.api.common import ERRORS, bad_query, tags_of
 from qforge.api.deps import ReadConn, Resources
 from qforge.api.errors import ApiError
-from qforge.api.hub import Message, encode
+from qforge.api.hub import Batch, Key, encode, key_of
 from qforge.api.models import EventPage, StreamTicket
 from qforge.events import store
 from qforge.events.types import Event
@@ -65,19 +65,25 @@ class Filters:
 
     def __init__(self, workflow_id: UUID | None, job_id: UUID | None,
                  tags: list[tuple[str, str]], types: set[str], actor: str | None = None):
-        self.workflow_id, self.job_id, self.tags, self.types = workflow_id, job_id, tags, types
-        self.actor = actor
+        # as str: they are compared with the cached messages' keys (hub.Key)
+        self.workflow_id = None if workflow_id is None else str(workflow_id)
+        self.job_id = None if job_id is None else str(job_id)
+        self.tags, self.types, self.actor = tags, types, actor
 
-    def match(self, event: Event) -> bool:
-        if self.workflow_id and self.workflow_id not in (event.workflow_id, event.stream_id):
+    def __bool__(self) -> bool:
+        """Is any filter set (else every event matches)?"""
+        return bool(self.workflow_id or self.job_id or self.tags or self.types or self.actor)
+
+    def match(self, key: Key) -> bool:
+        if self.workflow_id and self.workflow_id not in (key.workflow_id, key.stream_id):
             return False
-        if self.job_id and event.stream_id != self.job_id:
+        if self.job_id and key.stream_id != self.job_id:
             return False
-        if self.types and event.type not in self.types:
+        if self.types and key.type not in self.types:
             return False
-        if self.actor and event.actor != self.actor:
+        if self.actor and key.actor != self.actor:
             return False
-        return all(event.tags.get(key) == value for key, value in self.tags)
+        return all(tag in key.tags for tag in self.tags)  # (name, value) pairs: tag name=value
 
 
 def _read_page(resources: Resources, cursor: store.Cursor) -> list[Event]:
@@ -98,12 +104,14 @@ async def subscribe(resources: Resources, cursor: store.Cursor, filters: Filters
     else from the log itself, one page at a time; either way the next batch is
     taken only once the previous one has been handed to the client, so a slow
     client slows only itself and holds at most one page. Every
-    STREAM_RECHECK_SECONDS it asks `still_allowed` and ends once its token was revoked.
+    few seconds it asks `still_allowed` and ends once its token was revoked
+    (within auth.STREAM_RECHECK_SECONDS).
     """
     hub = resources.hub
     checked = time.monotonic()
     while True:
-        if still_allowed is not None and time.monotonic() - checked >= auth.STREAM_RECHECK_SECONDS:
+        if still_allowed is not None and (time.monotonic() - checked
+                                          >= auth.STREAM_RECHECK_SECONDS * (1 - auth.STREAM_VERDICT_SHARE)):
             checked = time.monotonic()
             try:
                 if not await still_allowed():
@@ -111,28 +119,27 @@ async def subscribe(resources: Resources, cursor: store.Cursor, filters: Filters
             except (psycopg.OperationalError, PoolTimeout):
                 pass  # the database is away: the reads below wait for it too
         changed = hub.changed()  # taken before reading: new events during the read are not lost
-        messages = hub.after(cursor, PAGE_SIZE)
-        if messages is None:  # behind the shared cache: read the log ourselves
+        # Unfiltered subscribers at the same cursor share the hub's batch (joined once).
+        batch = hub.batch_after(cursor, PAGE_SIZE, filters.match if filters else None)
+        if batch is None:  # behind the shared cache: read the log ourselves
             try:
                 page = await run_in_threadpool(_read_page, resources, cursor)
             except (psycopg.OperationalError, PoolTimeout):
                 await asyncio.sleep(1.0)  # the database is away; keep the client, retry
                 continue
             # encode only what this client wants; the others just move the cursor
-            messages = [encode(event) if filters.match(event)
-                        else Message(store.cursor_of(event), event, b"") for event in page]
-            full = len(page) == PAGE_SIZE
-        else:
-            full = len(messages) == PAGE_SIZE
-        if messages:
-            cursor = messages[-1].cursor
-            chunk = b"".join(m.sse for m in messages if m.sse and filters.match(m.event))
-            if chunk:
-                yield chunk  # one write for the whole batch
+            keyed = ((event, key_of(event)) for event in page)
+            batch = Batch(store.cursor_of(page[-1]) if page else cursor, len(page),
+                          b"".join(encode(event, key).sse for event, key in keyed if filters.match(key)))
+        full = batch.count == PAGE_SIZE
+        cursor = batch.cursor
+        if batch.sse:
+            yield batch.sse  # one write for the whole batch
         if not full:
-            try:
-                await asyncio.wait_for(changed.wait(), timeout=IDLE_RECHECK_SECONDS)
-            except asyncio.TimeoutError:
+            try:  # asyncio.timeout, not wait_for: no task per wait and subscriber
+                async with asyncio.timeout(IDLE_RECHECK_SECONDS):
+                    await changed.wait()
+            except TimeoutError:
                 pass
 
 
@@ -174,7 +181,7 @@ async def stream(request: Request, after: cursor_query = None,
             raise ApiError(503, "unavailable", "the database is not reachable right now") from None
 
     async def still_allowed() -> bool:
-        return await run_in_threadpool(auth.token_still_valid, request, who.name)
+        return await auth.stream_still_allowed(request, who.name)
 
     return EventSourceResponse(subscribe(resources, cursor, filters, still_allowed), ping=PING_SECONDS,
                                send_timeout=SEND_TIMEOUT_SECONDS,

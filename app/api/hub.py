@@ -27,7 +27,7 @@ import contextlib
 import json
 import logging
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -45,19 +45,46 @@ log = logging.getLogger("qforge.api.hub")
 CACHE_EVENTS = 20_000  # recent events kept encoded in memory, shared by all subscribers
 READ_PAGE = 1_000
 COALESCE_SECONDS = 0.02  # a burst of notifications becomes one read
+SHARED_BATCHES = 64  # distinct cursors whose batch is kept between two reads (memory bound)
+
+
+class Key(NamedTuple):
+    """What subscribers' filters look at, in str and tuples only."""
+    stream_id: str
+    workflow_id: str | None
+    type: str
+    actor: str
+    tags: tuple[tuple[str, str], ...]
 
 
 class Message(NamedTuple):
+    """One cached event: its cursor, its SSE bytes, and its filter key. No pydantic Event:
+    with one, each cached event was 8 objects the garbage collector tracks, and filling the
+    cache (the first repetition of the bench) set off full collections of 0.1-0.3 s that
+    stopped every stream; a Message and its Key are 2 (the rest is str, bytes and tuples
+    of them, which the collector stops tracking), and none happens while it fills."""
     cursor: store.Cursor
-    event: Event
     sse: bytes
+    key: Key
 
 
-def encode(event: Event) -> Message:
+def key_of(event: Event) -> Key:
+    return Key(str(event.stream_id), None if event.workflow_id is None else str(event.workflow_id),
+               event.type, event.actor, tuple(event.tags.items()))
+
+
+class Batch(NamedTuple):
+    """What a subscriber sends next: `count` events up to `cursor`, as one chunk."""
+    cursor: store.Cursor  # the last event taken (the subscriber's next cursor)
+    count: int  # events taken, matching or not (a full page means: read again at once)
+    sse: bytes  # the matching ones' SSE messages, joined
+
+
+def encode(event: Event, key: Key | None = None) -> Message:
     cursor = store.cursor_of(event)
     sse = ServerSentEvent(id=store.encode_cursor(cursor), event=event.type,
                           data=json.dumps(event.model_dump(mode="json"))).encode()
-    return Message(cursor, event, sse)
+    return Message(cursor, sse, key_of(event) if key is None else key)
 
 
 class EventHub:
@@ -74,6 +101,10 @@ class EventHub:
         self.cache: collections.deque[Message] = collections.deque()
         self.cached_from: store.Cursor | None = None  # the cursor just before cache[0]
         self.read_cursor: store.Cursor | None = None  # the last event the hub has read
+        # batch_after's results for unfiltered subscribers, by (cursor, limit), until the
+        # cache changes: the subscribers at the same cursor (all of them, once caught up)
+        # share one chunk instead of each filtering and joining the same messages.
+        self._batches: dict[tuple[store.Cursor, int], Batch] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -108,6 +139,23 @@ class EventHub:
         start = bisect.bisect_right(self.cache, cursor, key=lambda m: m.cursor)
         stop = min(len(self.cache), start + limit)
         return [self.cache[i] for i in range(start, stop)]
+
+    def batch_after(self, cursor: store.Cursor, limit: int,
+                    match: Callable[[Key], bool] | None = None) -> Batch | None:
+        """The next batch after `cursor` from the cache (up to `limit` events; of them, the
+        SSE messages of those `match` keeps, all without it), or None if the cache does
+        not reach back that far."""
+        key = (cursor, limit)
+        if match is None and key in self._batches:
+            return self._batches[key]
+        messages = self.after(cursor, limit)
+        if messages is None:
+            return None
+        batch = Batch(messages[-1].cursor if messages else cursor, len(messages),
+                      b"".join(m.sse for m in messages if match is None or match(m.key)))
+        if match is None and len(self._batches) < SHARED_BATCHES:
+            self._batches[key] = batch
+        return batch
 
     def _wake(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
@@ -185,6 +233,8 @@ class EventHub:
                 grew = grew or bool(rows)
                 while len(self.cache) > CACHE_EVENTS:
                     self.cached_from = self.cache.popleft().cursor
+                if rows:
+                    self._batches.clear()  # they end where the cache ended
                 if len(rows) < READ_PAGE:
                     break
         if grew:

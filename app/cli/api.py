@@ -8,6 +8,7 @@ started with --insecure-no-auth, which it then says on every start.
 from __future__ import annotations
 
 import argparse
+import gc
 import ipaddress
 import socket
 
@@ -68,6 +69,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = uvicorn.Config(create_app(url), host=args.host, port=args.port,
                                 log_level="info", timeout_graceful_shutdown=5)
+        # What is loaded by now (modules, the app, its routes: ~100,000 tracked objects) lives as
+        # long as the process: out of the collector's sight, a full collection takes
+        # milliseconds instead of ~0.1 s during which no event stream moves.
+        gc.collect()
+        gc.freeze()
         server = uvicorn.Server(config)
         server.run()
         return 0 if server.started else 1
