@@ -148,25 +148,75 @@ $$;
 -- workflow's advance read its steps). Anything still active stays, however
 -- old its first events. Table names are left unqualified on purpose: replay
 -- runs this on its scratch copies by putting them first on the search path.
--- Returns the rows let go.
-CREATE OR REPLACE FUNCTION archive_release(before bigint, job_done text[], workflow_done text[])
-RETURNS TABLE (jobs_released bigint, workflows_released bigint) LANGUAGE sql AS $$
-    WITH leaving_workflows AS (
-        SELECT w.id FROM workflows w
-         WHERE w.status = ANY(workflow_done) AND w.last_position < before
+--
+-- It goes a window at a time: the next `batch` rows by id after `after` (NULL:
+-- from the start; batch NULL: all of them), of which those that qualify are let
+-- go; last_id is where the window ended (NULL: nothing was left). `qforge
+-- archive` calls it window by window, each its own short transaction, so it
+-- never holds many row locks or makes one long burst of WAL while appends go
+-- on (a window costs what it scans, whatever is let go). Tags go by the
+-- primary key: execution_tags holds exactly the tags of each stream's first
+-- event, which its jobs/workflows row keeps (30_fold.sql).
+-- PL/pgSQL so that each window is planned with its bounds (an index scan from
+-- `after`), not as a generic plan.
+CREATE OR REPLACE FUNCTION archive_release_workflows(before bigint, job_done text[], workflow_done text[],
+                                                     after uuid, batch integer)
+RETURNS TABLE (jobs_released bigint, workflows_released bigint, last_id uuid) LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY
+    WITH scanned AS (
+        SELECT w.id, w.status, w.last_position FROM workflows w
+         WHERE w.id > coalesce(after, '00000000-0000-0000-0000-000000000000')
+         ORDER BY w.id LIMIT batch
+    ), leaving AS (
+        SELECT s.id FROM scanned s
+         WHERE s.status = ANY(workflow_done) AND s.last_position < before
            AND NOT EXISTS (SELECT FROM jobs j
-                            WHERE j.workflow_id = w.id
+                            WHERE j.workflow_id = s.id
                               AND NOT (j.status = ANY(job_done) AND j.last_position < before))
     ), gone_jobs AS (
         DELETE FROM jobs j
-         WHERE j.status = ANY(job_done) AND j.last_position < before
-           AND (j.workflow_id IS NULL OR j.workflow_id IN (SELECT id FROM leaving_workflows))
-        RETURNING j.id
+         WHERE j.workflow_id IN (SELECT id FROM leaving)
+           AND j.status = ANY(job_done) AND j.last_position < before
+        RETURNING j.id, j.tags
     ), gone_workflows AS (
-        DELETE FROM workflows w USING leaving_workflows l WHERE w.id = l.id RETURNING w.id
+        DELETE FROM workflows w USING leaving l WHERE w.id = l.id RETURNING w.id, w.tags
     ), gone_tags AS (  -- runs to completion though nothing reads it (as every DELETE in WITH)
         DELETE FROM execution_tags t
-         WHERE t.id IN (SELECT id FROM gone_jobs UNION ALL SELECT id FROM gone_workflows)
+         USING (SELECT g.id, 'job' AS kind, g.tags FROM gone_jobs g
+                UNION ALL SELECT g.id, 'workflow', g.tags FROM gone_workflows g) g,
+               LATERAL jsonb_each_text(g.tags) e
+         WHERE t.key = e.key AND t.value = e.value AND t.kind = g.kind AND t.id = g.id
     )
-    SELECT (SELECT count(*) FROM gone_jobs), (SELECT count(*) FROM gone_workflows)
+    SELECT (SELECT count(*) FROM gone_jobs), (SELECT count(*) FROM gone_workflows),
+           (SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1);
+END $$;
+
+-- The jobs outside any workflow, as archive_release_workflows (a step goes
+-- with its workflow, there).
+CREATE OR REPLACE FUNCTION archive_release_jobs(before bigint, job_done text[], after uuid, batch integer)
+RETURNS TABLE (jobs_released bigint, last_id uuid) LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY
+    WITH scanned AS (
+        SELECT j.id FROM jobs j
+         WHERE j.id > coalesce(after, '00000000-0000-0000-0000-000000000000')
+         ORDER BY j.id LIMIT batch
+    ), gone_jobs AS (
+        DELETE FROM jobs j USING scanned s
+         WHERE j.id = s.id AND j.workflow_id IS NULL AND j.status = ANY(job_done) AND j.last_position < before
+        RETURNING j.id, j.tags
+    ), gone_tags AS (
+        DELETE FROM execution_tags t USING gone_jobs g, LATERAL jsonb_each_text(g.tags) e
+         WHERE t.key = e.key AND t.value = e.value AND t.kind = 'job' AND t.id = g.id
+    )
+    SELECT (SELECT count(*) FROM gone_jobs), (SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1);
+END $$;
+
+-- All of it at once (replay, on its scratch tables).
+CREATE OR REPLACE FUNCTION archive_release(before bigint, job_done text[], workflow_done text[])
+RETURNS TABLE (jobs_released bigint, workflows_released bigint) LANGUAGE sql AS $$
+    SELECT w.jobs_released + j.jobs_released, w.workflows_released
+      FROM archive_release_workflows(before, job_done, workflow_done, NULL, NULL) w,
+           archive_release_jobs(before, job_done, NULL, NULL) j
 $$;
