@@ -156,14 +156,21 @@ $$;
 -- never holds many row locks or makes one long burst of WAL while appends go
 -- on (a window costs what it scans, whatever is let go). Tags go by the
 -- primary key: execution_tags holds exactly the tags of each stream's first
--- event, which its jobs/workflows row keeps (30_fold.sql).
--- PL/pgSQL so that each window is planned with its bounds (an index scan from
--- `after`), not as a generic plan.
+-- event, which its jobs/workflows row keeps (30_fold.sql). They are gathered
+-- into arrays first, and deleted by a second statement, by index lookups only
+-- (the SET clauses): a window touches a few thousand rows, and a plan on stale
+-- or missing statistics that hashes the whole of execution_tags (or scans it
+-- in a loop) would do so for every window.
 CREATE OR REPLACE FUNCTION archive_release_workflows(before bigint, job_done text[], workflow_done text[],
                                                      after uuid, batch integer)
-RETURNS TABLE (jobs_released bigint, workflows_released bigint, last_id uuid) LANGUAGE plpgsql AS $$
+RETURNS TABLE (jobs_released bigint, workflows_released bigint, last_id uuid) LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+DECLARE
+    tag_keys text[];
+    tag_values text[];
+    tag_kinds text[];
+    tag_ids uuid[];
 BEGIN
-    RETURN QUERY
     WITH scanned AS (
         SELECT w.id, w.status, w.last_position FROM workflows w
          WHERE w.id > coalesce(after, '00000000-0000-0000-0000-000000000000')
@@ -178,45 +185,75 @@ BEGIN
         DELETE FROM jobs j
          WHERE j.workflow_id IN (SELECT id FROM leaving)
            AND j.status = ANY(job_done) AND j.last_position < before
-        RETURNING j.id, j.tags
+        RETURNING j.id, 'job' AS kind, j.tags
     ), gone_workflows AS (
-        DELETE FROM workflows w USING leaving l WHERE w.id = l.id RETURNING w.id, w.tags
-    ), gone_tags AS (  -- runs to completion though nothing reads it (as every DELETE in WITH)
-        DELETE FROM execution_tags t
-         USING (SELECT g.id, 'job' AS kind, g.tags FROM gone_jobs g
-                UNION ALL SELECT g.id, 'workflow', g.tags FROM gone_workflows g) g,
-               LATERAL jsonb_each_text(g.tags) e
-         WHERE t.key = e.key AND t.value = e.value AND t.kind = g.kind AND t.id = g.id
+        DELETE FROM workflows w USING leaving l WHERE w.id = l.id RETURNING w.id, 'workflow' AS kind, w.tags
+    ), gone AS (
+        SELECT * FROM gone_jobs UNION ALL SELECT * FROM gone_workflows
     )
     SELECT (SELECT count(*) FROM gone_jobs), (SELECT count(*) FROM gone_workflows),
-           (SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1);
+           (SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1),
+           t.keys, t.vals, t.kinds, t.ids
+      INTO jobs_released, workflows_released, last_id, tag_keys, tag_values, tag_kinds, tag_ids
+      FROM (SELECT array_agg(e.key) AS keys, array_agg(e.value) AS vals, array_agg(g.kind) AS kinds,
+                   array_agg(g.id) AS ids
+              FROM gone g, jsonb_each_text(g.tags) e) t;
+    DELETE FROM execution_tags t
+     USING unnest(tag_keys, tag_values, tag_kinds, tag_ids) u(key, value, kind, id)
+     WHERE t.key = u.key AND t.value = u.value AND t.kind = u.kind AND t.id = u.id;
+    RETURN NEXT;
 END $$;
 
 -- The jobs outside any workflow, as archive_release_workflows (a step goes
 -- with its workflow, there).
 CREATE OR REPLACE FUNCTION archive_release_jobs(before bigint, job_done text[], after uuid, batch integer)
-RETURNS TABLE (jobs_released bigint, last_id uuid) LANGUAGE plpgsql AS $$
+RETURNS TABLE (jobs_released bigint, last_id uuid) LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+DECLARE
+    tag_keys text[];
+    tag_values text[];
+    tag_ids uuid[];
 BEGIN
-    RETURN QUERY
     WITH scanned AS (
         SELECT j.id FROM jobs j
          WHERE j.id > coalesce(after, '00000000-0000-0000-0000-000000000000')
          ORDER BY j.id LIMIT batch
-    ), gone_jobs AS (
+    ), gone AS (
         DELETE FROM jobs j USING scanned s
          WHERE j.id = s.id AND j.workflow_id IS NULL AND j.status = ANY(job_done) AND j.last_position < before
         RETURNING j.id, j.tags
-    ), gone_tags AS (
-        DELETE FROM execution_tags t USING gone_jobs g, LATERAL jsonb_each_text(g.tags) e
-         WHERE t.key = e.key AND t.value = e.value AND t.kind = 'job' AND t.id = g.id
     )
-    SELECT (SELECT count(*) FROM gone_jobs), (SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1);
+    SELECT (SELECT count(*) FROM gone), (SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1),
+           t.keys, t.vals, t.ids
+      INTO jobs_released, last_id, tag_keys, tag_values, tag_ids
+      FROM (SELECT array_agg(e.key) AS keys, array_agg(e.value) AS vals, array_agg(g.id) AS ids
+              FROM gone g, jsonb_each_text(g.tags) e) t;
+    DELETE FROM execution_tags t
+     USING unnest(tag_keys, tag_values, tag_ids) u(key, value, id)
+     WHERE t.key = u.key AND t.value = u.value AND t.kind = 'job' AND t.id = u.id;
+    RETURN NEXT;
 END $$;
 
--- All of it at once (replay, on its scratch tables).
+-- All of it at once, set-based (replay, on its scratch tables: whole tables,
+-- no window).
 CREATE OR REPLACE FUNCTION archive_release(before bigint, job_done text[], workflow_done text[])
 RETURNS TABLE (jobs_released bigint, workflows_released bigint) LANGUAGE sql AS $$
-    SELECT w.jobs_released + j.jobs_released, w.workflows_released
-      FROM archive_release_workflows(before, job_done, workflow_done, NULL, NULL) w,
-           archive_release_jobs(before, job_done, NULL, NULL) j
+    WITH leaving_workflows AS (
+        SELECT w.id FROM workflows w
+         WHERE w.status = ANY(workflow_done) AND w.last_position < before
+           AND NOT EXISTS (SELECT FROM jobs j
+                            WHERE j.workflow_id = w.id
+                              AND NOT (j.status = ANY(job_done) AND j.last_position < before))
+    ), gone_jobs AS (
+        DELETE FROM jobs j
+         WHERE j.status = ANY(job_done) AND j.last_position < before
+           AND (j.workflow_id IS NULL OR j.workflow_id IN (SELECT id FROM leaving_workflows))
+        RETURNING j.id
+    ), gone_workflows AS (
+        DELETE FROM workflows w USING leaving_workflows l WHERE w.id = l.id RETURNING w.id
+    ), gone_tags AS (  -- runs to completion though nothing reads it (as every DELETE in WITH)
+        DELETE FROM execution_tags t
+         WHERE t.id IN (SELECT id FROM gone_jobs UNION ALL SELECT id FROM gone_workflows)
+    )
+    SELECT (SELECT count(*) FROM gone_jobs), (SELECT count(*) FROM gone_workflows)
 $$;
