@@ -48,6 +48,7 @@ REQUESTS = 300  # per read figure and repetition
 CATCH_UP_EVENTS = 20_000  # read through the stream per catch-up figure
 CURSOR_BACK = 1_000_000
 WITHOUT_ROUNDS = 3  # drain rounds per repetition without the archive (--only-drain)
+BESIDE_ROUNDS = 2  # and just before and just after each archive, on its copy
 
 
 def _free_port() -> int:
@@ -285,6 +286,9 @@ def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_
                 continue
             directory = Path(tempfile.mkdtemp(prefix="qf-drain-archive-", dir=str(log_dir)))
             timeline: list[tuple[float, int]] = []
+            # Its own baseline too, drained just before and just after it on the same copy:
+            # the machine is shared, and its pace changes over minutes.
+            before = drain_rounds(copy_url, claim_jobs, lambda: True, [], rounds=BESIDE_ROUNDS)
             archive = TimedArchive(copy_url, directory, variants[side])
             try:
                 figures[side].append(drain_rounds(copy_url, claim_jobs, archive.running, timeline))
@@ -292,6 +296,9 @@ def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_
             finally:
                 archive.kill()
                 shutil.rmtree(directory, ignore_errors=True)
+            after = drain_rounds(copy_url, claim_jobs, lambda: True, [], rounds=BESIDE_ROUNDS)
+            figures[side][-1]["beside_jobs_per_s"] = (before["jobs_per_s"] + after["jobs_per_s"]) / 2
+            figures[side][-1]["beside_ratio"] = figures[side][-1]["jobs_per_s"] / figures[side][-1]["beside_jobs_per_s"]
             total = sum(int(m.group(1).replace(",", "")) for _, line in archive.lines
                         if (m := re.search(r"archived \d+ segment\(s\), ([\d,]+) events", line)))
             archives[side].append({"seconds": seconds, "events": total, "events_per_s": total / seconds,
@@ -301,7 +308,8 @@ def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_
         for side in variants:
             got, run = figures[side][-1], archives[side][-1]
             line.append(f"{side} {got['jobs_per_s'] or 0:.0f} jobs/s"
-                        f" ({(got['jobs_per_s'] or 0) / figures['without'][-1]['jobs_per_s']:.2f}x,"
+                        f" ({(got['jobs_per_s'] or 0) / figures['without'][-1]['jobs_per_s']:.2f}x;"
+                        f" {got['beside_ratio']:.2f}x of {got['beside_jobs_per_s']:.0f} jobs/s just before+after,"
                         f" {got['server_cpu_us_per_job'] or 0:.0f} us/job, {got['rounds']} rounds;"
                         f" archive {run['events_per_s']:,.0f} events/s in {run['seconds']:.1f}s)")
         log("; ".join(line))
@@ -318,6 +326,8 @@ def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_
         "drain_during_archive": {side: summarize(rates[side]) for side in variants},
         "drain_ratio": {side: summarize([d / w if d and w else None for d, w in zip(rates[side], rates["without"])])
                         for side in variants},
+        # the drain during each archive against the mean of its own before and after
+        "drain_ratio_beside": {side: summarize([f["beside_ratio"] for f in figures[side]]) for side in variants},
         "server_cpu_us_per_job": {side: summarize([f["server_cpu_us_per_job"] for f in figures[side]])
                                   for side in sides},
         "archive_events_per_s": {side: summarize([a["events_per_s"] for a in archives[side]]) for side in variants},
