@@ -139,8 +139,9 @@ def enqueue_pending(url: str, count: int) -> None:
 
 
 def claim_throughput(url: str, pending: int, *, threads: int = 2, batch: int = 100,
-                     complete: bool = False) -> dict[str, float]:
-    """Claim (and optionally complete) `pending` jobs from `threads` connections in batches; jobs/s."""
+                     complete: bool = False, timeline: list[tuple[float, int]] | None = None) -> dict[str, float]:
+    """Claim (and optionally complete) `pending` jobs from `threads` connections in batches; jobs/s.
+    `timeline`, when given, gets (time.monotonic(), jobs) for every batch done."""
     from qforge.commands.claim import claim
     from qforge.commands.report import Report, complete as complete_jobs
 
@@ -166,6 +167,8 @@ def claim_throughput(url: str, pending: int, *, threads: int = 2, batch: int = 1
                         complete_jobs(conn, [Report(j.id, j.attempt, result=None) for j in jobs],
                                       actor=name, workflow_ids_known=True)
                     counts[index] += len(jobs)
+                    if timeline is not None:
+                        timeline.append((time.monotonic(), len(jobs)))
                 server_ns[index] = backend_cpu_ns(backend) - cpu_before
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -46,6 +47,8 @@ SCALE_HISTORY = "qf_bench_scale"  # kept with --keep (and reused with --reuse)
 REQUESTS = 300  # per read figure and repetition
 CATCH_UP_EVENTS = 20_000  # read through the stream per catch-up figure
 CURSOR_BACK = 1_000_000
+WITHOUT_ROUNDS = 3  # drain rounds per repetition without the archive (--only-drain)
+BESIDE_ROUNDS = 2  # and just before and just after each archive, on its copy
 
 
 def _free_port() -> int:
@@ -181,100 +184,181 @@ def archive_run(url: str, directory: Path, log_path: Path) -> subprocess.Popen:
                             env=env, start_new_session=True)
 
 
-def run_scale(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_dir: Path, log=print,
-              reuse: bool = False, keep: bool = False) -> dict[str, Any]:
+class TimedArchive:
+    """`qforge archive --close-current` in its own process, each line of its output stamped
+    with time.monotonic() as it comes (where the drain loses time: see drain_phases)."""
+
+    def __init__(self, url: str, directory: Path, arguments: list[str]):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "QFORGE_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+        self.started = time.monotonic()
+        self.lines: list[tuple[float, str]] = []
+        python = sys.executable  # '@PYTHON' first among the arguments: another checkout's interpreter
+        if arguments and arguments[0].startswith("@"):
+            python, arguments = arguments[0][1:], arguments[1:]
+        self.process = subprocess.Popen(
+            [python, "-m", "qforge", "archive", "--close-current", "--to", str(directory),
+             "--database-url", url, *arguments], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            start_new_session=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append((time.monotonic(), line.rstrip()))
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def wait(self) -> float:
+        self.process.wait(timeout=7200)
+        self.reader.join(timeout=10)
+        if self.process.returncode != 0:
+            raise RuntimeError("qforge archive failed: " + " | ".join(line for _, line in self.lines[-5:]))
+        return self.lines[-1][0] - self.started if self.lines else time.monotonic() - self.started
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def drain_rounds(url: str, jobs: int, keep_going: Callable[[], bool], timeline: list[tuple[float, int]],
+                 rounds: int | None = None) -> dict[str, float]:
+    """Drain rounds of `jobs` jobs (claim+complete, as drain_rate) while keep_going() (and
+    at most `rounds`): jobs/s over the drained time and server CPU per job. With an
+    archive running, only rounds it ran through all along count."""
+    done, seconds, cpu_us, n = 0, 0.0, 0.0, 0
+    while (rounds is None or n < rounds) and keep_going():
+        mark = len(timeline)
+        figures = qf_history.claim_throughput(url, jobs, complete=True, timeline=timeline)
+        if not keep_going():
+            del timeline[mark:]
+            break
+        done, seconds, n = done + figures["jobs"], seconds + figures["seconds"], n + 1
+        cpu_us += (figures["server_cpu_us_per_job"] or 0) * figures["jobs"]
+    return {"rounds": n, "jobs": done, "jobs_per_s": done / seconds if seconds else None,
+            "server_cpu_us_per_job": cpu_us / done if done else None}
+
+
+def drain_phases(archive: TimedArchive, timeline: list[tuple[float, int]]) -> list[dict[str, Any]]:
+    """The drain's rate between consecutive lines of the archive's output (what it did then)."""
+    edges = [(archive.started, "start")] + archive.lines
+    phases = []
+    for (begin, _), (end, what) in zip(edges, edges[1:]):
+        jobs = sum(n for at, n in timeline if begin <= at < end)
+        phases.append({"until": what[:80], "seconds": round(end - begin, 2), "drain_jobs_per_s": round(jobs / (end - begin))
+                       if end > begin else None})
+    return phases
+
+
+def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_dir: Path, name: str,
+              variants: dict[str, list[str]], log=print, reuse: bool = False) -> dict[str, Any]:
+    """The drain rate while `qforge archive` runs against without it, alone: each repetition
+    drains a fresh copy of one history (CREATE DATABASE ... TEMPLATE) without an archive,
+    and for each variant (extra arguments of `qforge archive`) a fresh copy while that
+    archive runs, the order rotating from one repetition to the next. The archive's drain
+    counts every round drained while the archive ran, so every step of the archive
+    (writing, read-back, release, detach, drop) weighs in."""
     jobs = events // 3
-    history_url = with_database(admin_url, SCALE_HISTORY)
-    generated = _kept_history(history_url, jobs) if reuse else None
+    template_url = with_database(admin_url, name)
+    generated = _kept_history(template_url, jobs, any_schema=True) if reuse else None
     if generated is None:
-        log(f"scale: generating {jobs:,} finished jobs ({events:,} events)")
-        history_url = qf_history.recreate_database(admin_url, SCALE_HISTORY)
-        generated = qf_history.generate_history(history_url, jobs, log=lambda m: None)
-        log(f"scale: history generated in {generated['total_s']:.0f}s, events {generated['events_bytes'] / 1e9:.2f} GB")
-    with psycopg.connect(history_url, autocommit=True) as conn:
-        log(f"scale: next position {conn.execute('SELECT log_next_position()').fetchone()[0]}")
-    empty_name = f"qf_bench_scale_empty_{os.getpid()}"
-    empty_url = qf_history.recreate_database(admin_url, empty_name)
-    apis = {"history": Api(history_url, log_dir, "history"), "empty": Api(empty_url, log_dir, "empty")}
-    urls = {"history": history_url, "empty": empty_url}
-    rng = random.Random(7)
-    raw: dict[str, dict[str, list[float]]] = {"history": {}, "empty": {}}
-    try:
-        for rep in range(repeat):
-            for where in (("empty", "history") if rep % 2 == 0 else ("history", "empty")):
-                figures = measure(urls[where], apis[where], rng, rep, where, claim_jobs)
-                for key, value in figures.items():
-                    raw[where].setdefault(key, []).append(value)
-            log("scale rep {}: ".format(rep + 1) + ", ".join(
-                f"{k} {raw['history'][k][-1] / raw['empty'][k][-1]:.2f}x" for k in raw["history"]))
-    finally:
-        for api in apis.values():
-            api.close()
-    ratios = {key: summarize([h / e for h, e in zip(raw["history"][key], raw["empty"][key])])
-              for key in raw["history"]}
-    # Drain with and without an archive running on the large log.
-    directory = Path(tempfile.mkdtemp(prefix="qf-scale-archive-", dir=str(log_dir)))
-    with psycopg.connect(history_url, autocommit=True) as conn:
-        size_before = conn.execute(qf_history.QUERIES["history_sizes"]).fetchone()[0]
-        events_before = conn.execute("SELECT count(*) FROM events").fetchone()[0]
-        log(f"scale: {events_before:,} events in the log before the archive; partitions "
-            + ", ".join(f"[{lo}, {hi})" for lo, hi in conn.execute("SELECT lower, upper FROM log_partitions()"))
-            + f"; next position {conn.execute('SELECT log_next_position()').fetchone()[0]}")
-    without, during = [], []
-    archiver = None
-    try:
-        for rep in range(repeat):
-            without.append(drain_rate(history_url, claim_jobs))
-            if archiver is None:
-                archiver = archive_run(history_url, directory, log_dir / "scale-archive.log")
-                time.sleep(3)  # past closing and settling: into writing segments
-            if archiver.poll() is None:
-                during.append(drain_rate(history_url, claim_jobs))
-        started = time.perf_counter()
-        archiver.wait(timeout=7200)
-        archive_tail = time.perf_counter() - started
-    finally:
-        if archiver is not None and archiver.poll() is None:
-            os.killpg(archiver.pid, signal.SIGKILL)
-    output = (log_dir / "scale-archive.log").read_text()
-    manifests = [json.loads(p.read_text()) for p in directory.glob("*.manifest.json")]
-    archived_events = sum(m["events"] for m in manifests)
-    archived_raw = sum(m["raw_bytes"] for m in manifests)
-    archived_bytes = sum(m["bytes"] for m in manifests)
-    seconds = _archive_seconds(output)
-    shutil.rmtree(directory, ignore_errors=True)
+        log(f"drain: generating {jobs:,} finished jobs ({events:,} events) in {name}")
+        template_url = qf_history.recreate_database(admin_url, name)
+        generated = qf_history.generate_history(template_url, jobs, log=lambda m: None)
+        log(f"drain: history generated in {generated['total_s']:.0f}s")
+    else:  # the kept history is upgraded to this checkout's schema (functions the archive calls)
+        from qforge.migrate import migrate
+
+        with psycopg.connect(template_url, autocommit=True) as conn:
+            migrate(conn)
+    copy = f"{name}_copy"
+    copy_url = with_database(admin_url, copy)
+    sides = ["without", *variants]
+    figures: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    archives: dict[str, list[dict[str, Any]]] = {side: [] for side in variants}
+    for rep in range(repeat):
+        for side in sides[rep % len(sides):] + sides[:rep % len(sides)]:
+            with psycopg.connect(admin_url, autocommit=True) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{copy}" WITH (FORCE)')
+                admin.execute(f'CREATE DATABASE "{copy}" TEMPLATE "{name}" STRATEGY FILE_COPY')
+            if side == "without":
+                figures[side].append(drain_rounds(copy_url, claim_jobs, lambda: True, [], rounds=WITHOUT_ROUNDS))
+                continue
+            directory = Path(tempfile.mkdtemp(prefix="qf-drain-archive-", dir=str(log_dir)))
+            timeline: list[tuple[float, int]] = []
+            # Its own baseline too, drained just before and just after it on the same copy:
+            # the machine is shared, and its pace changes over minutes.
+            before = drain_rounds(copy_url, claim_jobs, lambda: True, [], rounds=BESIDE_ROUNDS)
+            archive = TimedArchive(copy_url, directory, variants[side])
+            try:
+                figures[side].append(drain_rounds(copy_url, claim_jobs, archive.running, timeline))
+                seconds = archive.wait()
+            finally:
+                archive.kill()
+                shutil.rmtree(directory, ignore_errors=True)
+            after = drain_rounds(copy_url, claim_jobs, lambda: True, [], rounds=BESIDE_ROUNDS)
+            figures[side][-1]["beside_jobs_per_s"] = (before["jobs_per_s"] + after["jobs_per_s"]) / 2
+            figures[side][-1]["beside_ratio"] = figures[side][-1]["jobs_per_s"] / figures[side][-1]["beside_jobs_per_s"]
+            total = sum(int(m.group(1).replace(",", "")) for _, line in archive.lines
+                        if (m := re.search(r"archived \d+ segment\(s\), ([\d,]+) events", line)))
+            archives[side].append({"seconds": seconds, "events": total, "events_per_s": total / seconds,
+                                   "phases": drain_phases(archive, timeline)})
+        line = [f"drain rep {rep + 1}: without {figures['without'][-1]['jobs_per_s']:.0f} jobs/s"
+                f" ({figures['without'][-1]['server_cpu_us_per_job']:.0f} us/job)"]
+        for side in variants:
+            got, run = figures[side][-1], archives[side][-1]
+            line.append(f"{side} {got['jobs_per_s'] or 0:.0f} jobs/s"
+                        f" ({(got['jobs_per_s'] or 0) / figures['without'][-1]['jobs_per_s']:.2f}x;"
+                        f" {got['beside_ratio']:.2f}x of {got['beside_jobs_per_s']:.0f} jobs/s just before+after,"
+                        f" {got['server_cpu_us_per_job'] or 0:.0f} us/job, {got['rounds']} rounds;"
+                        f" archive {run['events_per_s']:,.0f} events/s in {run['seconds']:.1f}s)")
+        log("; ".join(line))
+        for side in variants:
+            for phase in archives[side][-1]["phases"]:
+                log(f"    {side}: {phase['seconds']:6.1f}s drain {phase['drain_jobs_per_s']} jobs/s"
+                    f" until: {phase['until']}")
     with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{empty_name}" WITH (FORCE)')
-        if not keep:  # (a kept one has been archived: --reuse regenerates it)
-            admin.execute(f'DROP DATABASE IF EXISTS "{SCALE_HISTORY}" WITH (FORCE)')
+        admin.execute(f'DROP DATABASE IF EXISTS "{copy}" WITH (FORCE)')
+    rates = {side: [f["jobs_per_s"] for f in figures[side]] for side in sides}
     return {
-        "events": events, "history": generated, "raw": raw, "ratios": ratios,
-        "drain_without_archive": summarize(without), "drain_during_archive": summarize(during) if during else None,
-        "drain_ratio": statistics.median(during) / statistics.median(without) if during else None,
-        "archive": {"events": archived_events, "seconds": seconds,
-                    "events_per_s": archived_events / seconds if seconds else None,
-                    "tail_wait_s": archive_tail, "exit": archiver.returncode if archiver else None},
-        "bytes_per_event": {"database": size_before / events_before if events_before else None,
-                            "archive_raw": archived_raw / archived_events if archived_events else None,
-                            "archive_compressed": archived_bytes / archived_events if archived_events else None},
+        "events": events, "history": generated, "claim_jobs": claim_jobs, "variants": variants,
+        "drain_without_archive": summarize(rates["without"]),
+        "drain_during_archive": {side: summarize(rates[side]) for side in variants},
+        "drain_ratio": {side: summarize([d / w if d and w else None for d, w in zip(rates[side], rates["without"])])
+                        for side in variants},
+        # the drain during each archive against the mean of its own before and after
+        "drain_ratio_beside": {side: summarize([f["beside_ratio"] for f in figures[side]]) for side in variants},
+        "server_cpu_us_per_job": {side: summarize([f["server_cpu_us_per_job"] for f in figures[side]])
+                                  for side in sides},
+        "archive_events_per_s": {side: summarize([a["events_per_s"] for a in archives[side]]) for side in variants},
+        "archive_runs": archives,
     }
 
 
-def _kept_history(url: str, jobs: int) -> dict[str, Any] | None:
-    """The generation record of a kept, not yet archived, history of this size."""
+def _variants(given: list[str]) -> dict[str, list[str]]:
+    variants = {}
+    for text in given or ["archive="]:
+        name, sep, arguments = text.partition("=")
+        if not sep or not name or name == "without" or name in variants:
+            raise SystemExit(f"--archive-variant NAME=ARGS, NAME unique and not 'without': {text!r}")
+        variants[name] = arguments.split()
+    return variants
+
+
+def _kept_history(url: str, jobs: int, *, any_schema: bool = False) -> dict[str, Any] | None:
+    """The generation record of a kept, not yet archived, history of this size (made
+    with this schema, unless any_schema: the caller migrates it)."""
     try:
         with psycopg.connect(url, autocommit=True) as conn:
-            row = conn.execute("SELECT record FROM bench_history_meta WHERE jobs = %s AND schema = %s"
+            row = conn.execute("SELECT record FROM bench_history_meta WHERE jobs = %s AND (%s OR schema = %s)"
                                " AND NOT EXISTS (SELECT FROM archive_segments)",
-                               (jobs, qf_history.schema_fingerprint())).fetchone()
+                               (jobs, any_schema, qf_history.schema_fingerprint())).fetchone()
     except psycopg.Error:
         return None
     return None if row is None else {**row[0], "reused": True}
 
 
 def _archive_seconds(output: str) -> float | None:
-    import re
-
     match = re.search(r"events to .* in ([\d.]+) s", output)
     return float(match.group(1)) if match else None
 
@@ -288,9 +372,26 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the large history (qf_bench_scale)")
     parser.add_argument("--reuse", action="store_true", help="reuse a kept qf_bench_scale of this size")
     parser.add_argument("--out", default=str(BENCH_DIR / "results"))
+    parser.add_argument("--only-drain", action="store_true",
+                        help="only the drain with and without `qforge archive` (each repetition archives a fresh"
+                             " copy of the history, kept in --history-name, reused with --reuse)")
+    parser.add_argument("--history-name", default=SCALE_HISTORY + "_drain",
+                        help="with --only-drain: the database holding the history")
+    parser.add_argument("--archive-variant", action="append", default=[], metavar="NAME=ARGS",
+                        help="with --only-drain: an archive to drain beside, as extra `qforge archive` arguments"
+                             " (e.g. 'full=--duty 1 --nice 0'; '@PYTHON' first: run by that interpreter, e.g."
+                             " another checkout's venv); repeatable; default: one, with no extra arguments")
     args = parser.parse_args()
     log_dir = Path(args.out) / f"scale-{time.strftime('%Y%m%dT%H%M%S')}"
     log_dir.mkdir(parents=True, exist_ok=True)
+    if args.only_drain:
+        result = run_drain(args.database_url, events=args.events, repeat=args.repeat, claim_jobs=args.claim_jobs,
+                           log_dir=log_dir, name=args.history_name, reuse=args.reuse,
+                           variants=_variants(args.archive_variant),
+                           log=lambda m: print(m, file=sys.stderr, flush=True))
+        (log_dir / "result.json").write_text(json.dumps(result, indent=1, default=str))
+        emit(result)
+        return
     result = run_scale(args.database_url, events=args.events, repeat=args.repeat, claim_jobs=args.claim_jobs,
                        log_dir=log_dir, log=lambda m: print(m, file=sys.stderr, flush=True),
                        reuse=args.reuse, keep=args.keep)

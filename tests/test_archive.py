@@ -18,6 +18,7 @@ import pytest
 from factories import count
 from qforge.api.app import create_app
 from qforge.cli import main as cli
+from qforge.commands import archive as archive_module
 from qforge.commands import workflows as wf
 from qforge.commands.archive import STEPS, archive
 from qforge.commands.claim import claim
@@ -79,11 +80,16 @@ def workload(conn) -> Workload:
     return Workload(finished, pending, done, waiting)
 
 
-def test_archive_writes_verified_segments_and_the_read_model_keeps_only_what_is_active(conn, db_url, scratch_dir):
+@pytest.mark.parametrize("windows", [None, (7, 3)], ids=["default-windows", "small-windows"])
+def test_archive_writes_verified_segments_and_the_read_model_keeps_only_what_is_active(conn, db_url, scratch_dir,
+                                                                                          monkeypatch, windows):
+    if windows is not None:  # many COPY windows per partition, many release windows per segment
+        monkeypatch.setattr(archive_module, "READ_WINDOW", windows[0])
+        monkeypatch.setattr(archive_module, "RELEASE_WINDOW", windows[1])
     work = workload(conn)
     events_before = count(conn, "SELECT count(*) FROM events")
-    done = archive(conn, scratch_dir, close_current=True)
-    assert len(done.segments) >= 2 and done.events == events_before
+    done = archive(conn, scratch_dir, close_current=True, duty=1)
+    assert len(done.segments) >= 2 and done.events == events_before and done.rested == 0
     assert count(conn, "SELECT count(*) FROM events") == 0
     assert count(conn, "SELECT count(*) FROM archive_segments WHERE state = 'dropped'") == len(done.segments)
     names = {r["name"] for r in conn.execute("SELECT partition::text AS name FROM log_partitions()")}
@@ -177,6 +183,20 @@ def test_archive_verify_finds_a_changed_segment_and_a_missing_one(conn, scratch_
     segments.write_manifest(scratch_dir, second)
     report = verify_archive(scratch_dir)
     assert any("its hash does not follow" in p for p in report.problems), report.problems
+
+
+def test_a_paced_archive_rests_and_archives_the_same(conn, scratch_dir, capsys):
+    workload(conn)
+    events_before = count(conn, "SELECT count(*) FROM events")
+    done = archive(conn, scratch_dir, close_current=True, duty=0.5)
+    assert done.events == events_before and count(conn, "SELECT count(*) FROM events") == 0
+    assert 0 < done.rested < done.seconds
+    assert verify_archive(scratch_dir, conn).problems == []
+    with pytest.raises(ValueError, match="share of the time"):
+        archive(conn, scratch_dir, duty=0)
+    capsys.readouterr()
+    assert cli(["archive", "--to", str(scratch_dir), "--duty", "1.5"]) == 2
+    assert "--duty is a share of the time" in capsys.readouterr().err
 
 
 def test_older_than_keeps_recent_partitions(conn, scratch_dir):

@@ -117,6 +117,11 @@ def _archive_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only partitions whose last event is older than this (30d, 12h, ...)")
     parser.add_argument("--close-current", action="store_true",
                         help="first close the partition being written, so everything up to now can go")
+    parser.add_argument("--duty", type=float, default=None, metavar="SHARE",
+                        help="the share of the time the archive works, resting the rest, so a live queue"
+                             " keeps its pace (0 < SHARE <= 1; default QFORGE_ARCHIVE_DUTY or 0.5)")
+    parser.add_argument("--nice", type=int, default=10, metavar="N",
+                        help="lower this process's CPU priority by N (default 10; 0 leaves it)")
 
 
 def _history_arguments(parser: argparse.ArgumentParser) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -25,14 +26,22 @@ def run(args: argparse.Namespace) -> int:
     if directory is None:
         complain("archive", "where to? give --to DIR or set QFORGE_ARCHIVE_DIR")
         return 2
+    if args.duty is not None and not 0 < args.duty <= 1:
+        complain("archive", f"--duty is a share of the time, 0 < SHARE <= 1, not {args.duty}")
+        return 2
+    if args.nice < 0:
+        complain("archive", f"--nice lowers the priority: N >= 0, not {args.nice}")
+        return 2
     url = database_url("archive", getattr(args, "database_url", None))
     if url is None or not wait_for_schema("archive", url):
         return 2
+    # A batch job: the queue's own processes on this machine go first.
+    os.nice(args.nice)
     try:
         with connect(url, autocommit=True) as conn:
             done = archive(conn, Path(directory), older_than=args.older_than, close_current=args.close_current,
-                           report=lambda line: print(line, flush=True))
-    except (ArchiveError, psycopg.Error, OSError) as exc:
+                           report=lambda line: print(line, flush=True), duty=args.duty)
+    except (ArchiveError, psycopg.Error, OSError, ValueError) as exc:
         complain("archive", exc)
         return 2
     if not done.segments:
@@ -44,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     rate = done.events / done.seconds if done.seconds else 0
     print(f"archived {len(done.segments)} segment(s), {done.events:,} events to {directory} in"
           f" {done.seconds:.1f} s ({rate:,.0f} events/s; {raw:,} bytes -> {packed:,} compressed);"
-          f" the read model let go of {done.jobs_released:,} jobs and {done.workflows_released:,} workflows")
+          f" the read model let go of {done.jobs_released:,} jobs and {done.workflows_released:,} workflows;"
+          f" {done.rested:.1f} s of it resting")
     return 0
 
 

@@ -8,14 +8,22 @@ prefix of its positions):
    and last position, a digest of every position with its hash) and recompute
    the hash of every event whose predecessor is known;
 3. write the manifest;
-4. in one transaction: record the segment (sealed) and let the read model go
-   of the finished executions the archive now holds whole (archive_release);
-5. detach the partition (CONCURRENTLY: appends go on), drop it, mark the
+4. record the segment (sealed);
+5. let the read model go of the finished executions the archive now holds
+   whole (archive_release_*), a window of rows at a time;
+6. detach the partition (CONCURRENTLY: appends go on), drop it, mark the
    segment dropped.
+
+It is a batch job beside a live queue, and it yields to it: no parallel
+workers, the partition read a window of positions at a time (no sort of the
+whole partition), the release in short transactions, and between the pieces
+of work it rests (Pace) so that it takes at most a share `duty` of one core's
+time, on the database and here, while the queue goes on.
 
 Every step is idempotent and the database says where a run stopped (the
 segment's row, the partition's detach state), so a run killed at any point is
-simply run again: a step redone writes what it wrote before.
+simply run again: a step redone writes what it wrote before (a sealed segment
+is released again, whole, before its partition goes).
 """
 
 from __future__ import annotations
@@ -41,9 +49,45 @@ PARTITION_NAME = re.compile(r"^events_[0-9]{19}$")
 # Fault injection for the tests of crashes: QFORGE_ARCHIVE_FAULT=<step> kills
 # this process with SIGKILL when the step is reached (see STEPS).
 FAULT_ENV = "QFORGE_ARCHIVE_FAULT"
-STEPS = ("written", "manifest", "recorded", "detached", "dropped")
+STEPS = ("written", "manifest", "recorded", "releasing", "released", "detached", "dropped")
 
 Report = Callable[[str], None]
+# Positions read per COPY of a partition (each sorted on its own, in memory).
+READ_WINDOW = 50_000
+# Rows of jobs or workflows scanned per transaction of the release.
+RELEASE_WINDOW = 2_000
+# The share of the time the archive works (the rest it rests) by default:
+# QFORGE_ARCHIVE_DUTY or archive(duty=...); 1 never rests.
+DUTY = 0.5
+DUTY_ENV = "QFORGE_ARCHIVE_DUTY"
+
+
+class Pace:
+    """Rests after each piece of work so that work takes at most `duty` of the time:
+    a piece that took t seconds is followed by t * (1 - duty) / duty of sleep."""
+
+    def __init__(self, duty: float):
+        if not 0 < duty <= 1:
+            raise ValueError(f"the archive's duty is a share of the time, in (0, 1]; not {duty}")
+        self.duty = duty
+        self.since = time.monotonic()
+        self.rested = 0.0
+
+    def rest(self) -> None:
+        worked = time.monotonic() - self.since
+        if self.duty < 1 and worked > 0:
+            pause = worked * (1 - self.duty) / self.duty
+            time.sleep(pause)
+            self.rested += pause
+        self.since = time.monotonic()
+
+
+def default_duty() -> float:
+    raw = os.environ.get(DUTY_ENV)
+    try:
+        return DUTY if raw in (None, "") else float(raw)
+    except ValueError:
+        raise ValueError(f"{DUTY_ENV} is a share of the time in (0, 1], not {raw!r}") from None
 
 
 class ArchiveError(Exception):
@@ -59,6 +103,7 @@ class Archived:
     jobs_released: int = 0
     workflows_released: int = 0
     seconds: float = 0.0
+    rested: float = 0.0  # of the seconds, resting (Pace)
 
     @property
     def events(self) -> int:
@@ -71,13 +116,15 @@ def _fault(step: str) -> None:
 
 
 def archive(conn, directory: Path, *, older_than: timedelta | None = None, close_current: bool = False,
-            report: Report | None = None) -> Archived:
+            report: Report | None = None, duty: float | None = None) -> Archived:
     """Archive every closed partition (whose last event is older than `older_than`, when
-    given) into `directory`. `conn` must be in autocommit mode (detaching a partition
-    concurrently runs outside any transaction block)."""
+    given) into `directory`, working at most `duty` of the time (default_duty()).
+    `conn` must be in autocommit mode (detaching a partition concurrently runs outside
+    any transaction block; the release is many short transactions)."""
     if not conn.autocommit:
         raise ValueError("archive needs an autocommit connection (DETACH CONCURRENTLY runs as its own transactions)")
     say = report or (lambda _line: None)
+    pace = Pace(default_duty() if duty is None else duty)
     started = time.monotonic()
     done = Archived()
     directory = Path(directory)
@@ -93,6 +140,7 @@ def archive(conn, directory: Path, *, older_than: timedelta | None = None, close
         for row in cur.fetchall():
             if row["state"] == "sealed":
                 _check_on_disk(directory, row)
+                _release(cur, row["upper_position"], done, pace, say)
                 _let_go(cur, row["segment"], row["lower_position"], say)
                 done.segments.append(row["manifest"])
         cur.execute(q("archive_partitions"), {"horizon": horizon})
@@ -109,15 +157,16 @@ def archive(conn, directory: Path, *, older_than: timedelta | None = None, close
                 if last is not None and last >= cutoff:
                     done.skipped.append(part["partition"])
                     break  # later partitions are younger still: the archive stays a prefix
-            manifest = _write_and_check(cur, directory, part, say)
+            manifest = _write_and_check(cur, directory, part, pace, say)
             _fault("manifest")
-            released = _record(conn, cur, manifest)
-            done.jobs_released += released["jobs_released"]
-            done.workflows_released += released["workflows_released"]
+            _record(cur, manifest)
             _fault("recorded")
+            _release(cur, manifest["partition"]["upper"], done, pace, say)
+            _fault("released")
             _let_go(cur, manifest["segment"], part["lower"], say)
             done.segments.append(manifest)
     done.seconds = time.monotonic() - started
+    done.rested = pace.rested
     return done
 
 
@@ -137,18 +186,18 @@ def _settled_horizon(conn, cur) -> int:
         return cur.fetchone()["horizon"]
 
 
-def _write_and_check(cur, directory: Path, part: dict[str, Any], say: Report) -> dict[str, Any]:
+def _write_and_check(cur, directory: Path, part: dict[str, Any], pace: Pace, say: Report) -> dict[str, Any]:
     name = segments.segment_name(part["lower"], part["upper"])
     partition = _identifier(part["partition"])
     cur.execute(sql.SQL(q("archive_partition_summary")).format(partition=partition))
     summary = cur.fetchone()
+    lines = _partition_lines(cur, partition, summary["first_position"], summary["last_position"], pace)
     summary = {**summary, "first_occurred_at": _iso(summary["first_occurred_at"]),
                "last_occurred_at": _iso(summary["last_occurred_at"])}
-    with cur.copy(sql.SQL(q("archive_partition_lines")).format(partition=partition)) as copy:
-        written, wrote = segments.write_segment(directory, name, part["lower"], part["upper"], _lines(copy),
-                                                summary)
+    written, wrote = segments.write_segment(directory, name, part["lower"], part["upper"], lines, summary)
+    pace.rest()
     _fault("written")
-    _read_back(written, wrote, summary)
+    _read_back(written, wrote, summary, pace)
     segments.write_manifest(directory, written.manifest)
     say(f"{name}: {written.manifest['events']:,} events, {written.manifest['raw_bytes']:,} bytes"
         f" -> {written.manifest['bytes']:,} compressed; verified")
@@ -157,6 +206,19 @@ def _write_and_check(cur, directory: Path, part: dict[str, Any], say: Report) ->
 
 def _iso(moment) -> str | None:
     return None if moment is None else moment.astimezone(timezone.utc).isoformat()
+
+
+def _partition_lines(cur, partition: sql.Identifier, first: int | None, last: int | None,
+                     pace: Pace) -> Iterator[bytes]:
+    """The partition's segment lines in position order, READ_WINDOW positions per COPY
+    (the partition is closed: nothing is added to it between two), resting between."""
+    if first is None:
+        return
+    statement = sql.SQL(q("archive_partition_lines")).format(partition=partition)
+    for start in range(first, last + 1, READ_WINDOW):
+        with cur.copy(statement, {"from": start, "to": min(start + READ_WINDOW, last + 1)}) as copy:
+            yield from _lines(copy)
+        pace.rest()
 
 
 def _lines(copy) -> Iterator[bytes]:
@@ -171,10 +233,10 @@ def _lines(copy) -> Iterator[bytes]:
         yield rest.replace(b"\\\\", b"\\")
 
 
-def _read_back(written: segments.Written, wrote: segments.Digest, summary: dict[str, Any]) -> None:
+def _read_back(written: segments.Written, wrote: segments.Digest, summary: dict[str, Any], pace: Pace) -> None:
     """The segment as read from disk holds exactly what the database gave, and as many
     events as the partition holds: else stop, before anything is let go."""
-    found = segments.digest_of(written.path, full=False)
+    found = segments.digest_of(written.path, full=False, rest=pace.rest)
     problems = list(found.hash_problems)
     if (found.events, found.first_position, found.last_position, found.digest) != (
             wrote.events, wrote.first_position, wrote.last_position, wrote.digest):
@@ -191,21 +253,42 @@ def _read_back(written: segments.Written, wrote: segments.Digest, summary: dict[
         raise ArchiveError("; ".join(problems) + " — nothing was let go")
 
 
-def _record(conn, cur, manifest: dict[str, Any]) -> dict[str, int]:
+def _record(cur, manifest: dict[str, Any]) -> None:
     bloom = segments.bloom_of(manifest)
-    with conn.transaction():
-        cur.execute(q("archive_record"), {
-            "segment": manifest["segment"], "lower": manifest["partition"]["lower"],
-            "upper": manifest["partition"]["upper"], "first_position": manifest["first_position"],
-            "last_position": manifest["last_position"], "events": manifest["events"],
-            "first_occurred_at": manifest["first_occurred_at"], "last_occurred_at": manifest["last_occurred_at"],
-            "sha256": manifest["sha256"], "bytes": manifest["bytes"], "raw_bytes": manifest["raw_bytes"],
-            "streams": bytes(bloom.bits), "bloom_hashes": bloom.hashes, "manifest": Jsonb(manifest),
-        })
-        cur.execute(q("archive_release"), {"before": manifest["partition"]["upper"],
-                                           "job_done": sorted(JOB_FINISHED),
-                                           "workflow_done": sorted(WORKFLOW_FINISHED)})
-        return cur.fetchone()
+    cur.execute(q("archive_record"), {
+        "segment": manifest["segment"], "lower": manifest["partition"]["lower"],
+        "upper": manifest["partition"]["upper"], "first_position": manifest["first_position"],
+        "last_position": manifest["last_position"], "events": manifest["events"],
+        "first_occurred_at": manifest["first_occurred_at"], "last_occurred_at": manifest["last_occurred_at"],
+        "sha256": manifest["sha256"], "bytes": manifest["bytes"], "raw_bytes": manifest["raw_bytes"],
+        "streams": bytes(bloom.bits), "bloom_hashes": bloom.hashes, "manifest": Jsonb(manifest),
+    })
+
+
+def _release(cur, before: int, done: Archived, pace: Pace, say: Report) -> None:
+    """The read model lets go of the finished executions wholly below `before` (recorded
+    as archived), RELEASE_WINDOW rows per transaction, workflows (with their steps)
+    first, then jobs outside workflows; resting between windows. After a crash it is
+    simply done again (the segment is sealed and its partition still attached): what
+    was let go is gone, the rest goes."""
+    jobs = workflows = 0
+    for query in ("archive_release_workflows", "archive_release_jobs"):
+        after = None
+        while True:
+            cur.execute(q(query), {"before": before, "job_done": sorted(JOB_FINISHED),
+                                   "workflow_done": sorted(WORKFLOW_FINISHED), "after": after,
+                                   "batch": RELEASE_WINDOW})
+            row = cur.fetchone()
+            jobs, workflows = jobs + row["jobs_released"], workflows + row["workflows_released"]
+            pace.rest()
+            if jobs or workflows:
+                _fault("releasing")
+            if row["last_id"] is None:
+                break
+            after = row["last_id"]
+    done.jobs_released += jobs
+    done.workflows_released += workflows
+    say(f"positions below {before}: the read model let go of {jobs:,} jobs and {workflows:,} workflows")
 
 
 def _check_on_disk(directory: Path, row: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ import struct
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 from uuid import UUID
 
 from qforge.tools import verify_audit_proof as audit_encoding
@@ -98,6 +98,7 @@ LINE_TAIL = re.compile(rb'"hash" : "([0-9a-f]{64})"\}$')
 # Events whose hash the writer's read-back recomputes: every stream's first
 # event (its hash needs nothing before it), one in HASH_SAMPLE of them.
 HASH_SAMPLE = 64
+REST_LINES = 50_000  # digest_of: lines read between two calls of `rest`
 COMPRESS_LEVEL = 3  # zlib: most of level 6's ratio at about twice its speed
 
 
@@ -250,11 +251,12 @@ class Digest:
     hash_problems: list[str] | None = None
 
 
-def digest_of(path: Path, *, full: bool = True) -> Digest:
+def digest_of(path: Path, *, full: bool = True, rest: Callable[[], None] | None = None) -> Digest:
     """Read a segment back: the digest archive wrote of every (position, hash), from the
     file; and the hash of every event recomputed where its predecessor is known (the
     stream's first event, or the previous one in this segment) — or, not `full`, of a
-    sample of the streams' first events (the writer's quick read-back)."""
+    sample of the streams' first events (the writer's quick read-back). `rest`, when
+    given, is called every REST_LINES lines (the archive's Pace)."""
     found = Digest(hash_problems=[])
     digest = hashlib.sha256()
     previous: dict[str, tuple[int, bytes]] = {}
@@ -267,6 +269,8 @@ def digest_of(path: Path, *, full: bool = True) -> Digest:
             found.events += 1
             found.first_position = position if found.first_position is None else found.first_position
             found.last_position = position
+            if rest is not None and found.events % REST_LINES == 0:
+                rest()
             if full:
                 before = previous.get(stream_id)
                 check = version == 1 or (before is not None and before[0] == version - 1)

@@ -34,7 +34,9 @@ SELECT max(occurred_at) AS last_occurred_at FROM {partition}
 -- encoding holds it (microseconds since 2000-01-01 UTC). The field order is
 -- the format's (LINE_HEAD and LINE_TAIL match it). In COPY's text format the
 -- only escaping these lines get is a doubled backslash (JSON text holds no
--- raw tab, newline or other control character).
+-- raw tab, newline or other control character). A window of positions at a
+-- time (archive.py READ_WINDOW): the BRIN index finds its blocks and its sort
+-- fits in memory, where the whole partition would be sorted on disk.
 COPY (SELECT json_build_object(
                  'position', position, 'xid', xid::text, 'stream_type', stream_type, 'stream_id', stream_id,
                  'version', version, 'type', type, 'schema_version', schema_version,
@@ -42,7 +44,7 @@ COPY (SELECT json_build_object(
                  'occurred_us', ((extract(epoch FROM occurred_at) - 946684800) * 1000000)::bigint,
                  'actor', actor, 'workflow_id', workflow_id, 'tags', tags::text, 'data', data::text,
                  'hash', encode(hash, 'hex'))
-        FROM {partition} ORDER BY position) TO STDOUT
+        FROM {partition} WHERE position >= %(from)s AND position < %(to)s ORDER BY position) TO STDOUT
 
 -- name: archive_partition_summary
 -- What the manifest says of a partition besides its lines: counts, time range,
@@ -74,9 +76,21 @@ ON CONFLICT (segment) DO NOTHING
 SELECT jobs_released, workflows_released
   FROM archive_release(%(before)s, %(job_done)s::text[], %(workflow_done)s::text[])
 
+-- name: archive_release_workflows
+-- One window of the release (see archive_release_workflows in
+-- 50_log_partitions.sql), its own transaction.
+SELECT jobs_released, workflows_released, last_id
+  FROM archive_release_workflows(%(before)s, %(job_done)s::text[], %(workflow_done)s::text[], %(after)s, %(batch)s)
+
+-- name: archive_release_jobs
+SELECT jobs_released, 0::bigint AS workflows_released, last_id
+  FROM archive_release_jobs(%(before)s, %(job_done)s::text[], %(after)s, %(batch)s)
+
 -- name: archive_allow
--- This session may detach and drop partitions of the log (log_guard_ddl).
-SELECT set_config('qforge.archiving', 'on', false)
+-- This session may detach and drop partitions of the log (log_guard_ddl). And
+-- it is a batch job beside a live queue: no parallel workers (a parallel scan
+-- and sort of a partition would take every core from the appends).
+SELECT set_config('qforge.archiving', 'on', false), set_config('max_parallel_workers_per_gather', '0', false)
 
 -- name: archive_detach
 -- CONCURRENTLY: appends and reads of the other partitions go on meanwhile.

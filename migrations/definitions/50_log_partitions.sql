@@ -148,7 +148,94 @@ $$;
 -- workflow's advance read its steps). Anything still active stays, however
 -- old its first events. Table names are left unqualified on purpose: replay
 -- runs this on its scratch copies by putting them first on the search path.
--- Returns the rows let go.
+--
+-- It goes a window at a time: the next `batch` rows by id after `after` (NULL:
+-- from the start; batch NULL: all of them), of which those that qualify are let
+-- go; last_id is where the window ended (NULL: nothing was left). `qforge
+-- archive` calls it window by window, each its own short transaction, so it
+-- never holds many row locks or makes one long burst of WAL while appends go
+-- on (a window costs what it scans, whatever is let go). Tags go by the
+-- primary key: execution_tags holds exactly the tags of each stream's first
+-- event, which its jobs/workflows row keeps (30_fold.sql). They are gathered
+-- into arrays first, and deleted by a second statement, by index lookups only
+-- (the SET clauses): a window touches a few thousand rows, and a plan on stale
+-- or missing statistics that hashes the whole of execution_tags (or scans it
+-- in a loop) would do so for every window.
+CREATE OR REPLACE FUNCTION archive_release_workflows(before bigint, job_done text[], workflow_done text[],
+                                                     after uuid, batch integer)
+RETURNS TABLE (jobs_released bigint, workflows_released bigint, last_id uuid) LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+DECLARE
+    tag_keys text[];
+    tag_values text[];
+    tag_kinds text[];
+    tag_ids uuid[];
+BEGIN
+    WITH scanned AS (
+        SELECT w.id, w.status, w.last_position FROM workflows w
+         WHERE w.id > coalesce(after, '00000000-0000-0000-0000-000000000000')
+         ORDER BY w.id LIMIT batch
+    ), leaving AS (
+        SELECT s.id FROM scanned s
+         WHERE s.status = ANY(workflow_done) AND s.last_position < before
+           AND NOT EXISTS (SELECT FROM jobs j
+                            WHERE j.workflow_id = s.id
+                              AND NOT (j.status = ANY(job_done) AND j.last_position < before))
+    ), gone_jobs AS (
+        DELETE FROM jobs j
+         WHERE j.workflow_id IN (SELECT id FROM leaving)
+           AND j.status = ANY(job_done) AND j.last_position < before
+        RETURNING j.id, 'job' AS kind, j.tags
+    ), gone_workflows AS (
+        DELETE FROM workflows w USING leaving l WHERE w.id = l.id RETURNING w.id, 'workflow' AS kind, w.tags
+    ), gone AS (
+        SELECT * FROM gone_jobs UNION ALL SELECT * FROM gone_workflows
+    )
+    SELECT (SELECT count(*) FROM gone_jobs), (SELECT count(*) FROM gone_workflows),
+           (SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1),
+           t.keys, t.vals, t.kinds, t.ids
+      INTO jobs_released, workflows_released, last_id, tag_keys, tag_values, tag_kinds, tag_ids
+      FROM (SELECT array_agg(e.key) AS keys, array_agg(e.value) AS vals, array_agg(g.kind) AS kinds,
+                   array_agg(g.id) AS ids
+              FROM gone g, jsonb_each_text(g.tags) e) t;
+    DELETE FROM execution_tags t
+     USING unnest(tag_keys, tag_values, tag_kinds, tag_ids) u(key, value, kind, id)
+     WHERE t.key = u.key AND t.value = u.value AND t.kind = u.kind AND t.id = u.id;
+    RETURN NEXT;
+END $$;
+
+-- The jobs outside any workflow, as archive_release_workflows (a step goes
+-- with its workflow, there).
+CREATE OR REPLACE FUNCTION archive_release_jobs(before bigint, job_done text[], after uuid, batch integer)
+RETURNS TABLE (jobs_released bigint, last_id uuid) LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+DECLARE
+    tag_keys text[];
+    tag_values text[];
+    tag_ids uuid[];
+BEGIN
+    WITH scanned AS (
+        SELECT j.id FROM jobs j
+         WHERE j.id > coalesce(after, '00000000-0000-0000-0000-000000000000')
+         ORDER BY j.id LIMIT batch
+    ), gone AS (
+        DELETE FROM jobs j USING scanned s
+         WHERE j.id = s.id AND j.workflow_id IS NULL AND j.status = ANY(job_done) AND j.last_position < before
+        RETURNING j.id, j.tags
+    )
+    SELECT (SELECT count(*) FROM gone), (SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1),
+           t.keys, t.vals, t.ids
+      INTO jobs_released, last_id, tag_keys, tag_values, tag_ids
+      FROM (SELECT array_agg(e.key) AS keys, array_agg(e.value) AS vals, array_agg(g.id) AS ids
+              FROM gone g, jsonb_each_text(g.tags) e) t;
+    DELETE FROM execution_tags t
+     USING unnest(tag_keys, tag_values, tag_ids) u(key, value, id)
+     WHERE t.key = u.key AND t.value = u.value AND t.kind = 'job' AND t.id = u.id;
+    RETURN NEXT;
+END $$;
+
+-- All of it at once, set-based (replay, on its scratch tables: whole tables,
+-- no window).
 CREATE OR REPLACE FUNCTION archive_release(before bigint, job_done text[], workflow_done text[])
 RETURNS TABLE (jobs_released bigint, workflows_released bigint) LANGUAGE sql AS $$
     WITH leaving_workflows AS (
