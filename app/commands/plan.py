@@ -54,10 +54,7 @@ def run(conn: Connection, plan: Plan[T], *, own_transaction: bool = True) -> T:
     the connection is idle, so the work commits or rolls back with the caller's next statement."""
     block = (contextlib.nullcontext() if not own_transaction and _joins_caller(conn)
              else conn.transaction())
-    # The whole run is one pipeline: what needs no answer (BEGIN, a statement whose
-    # rows the plan does not read, COMMIT) travels with the next thing that does, so
-    # a one-job enqueue is one round trip instead of three.
-    with conn.pipeline(), block:
+    with block:
         try:
             batch = next(plan)
             while True:
@@ -77,7 +74,7 @@ async def run_async(conn: AsyncConnection, plan: Plan[T], *, own_transaction: bo
     """run() for an AsyncConnection: the same plan, the same transaction rules."""
     block = (contextlib.nullcontext() if not own_transaction and _joins_caller(conn)
              else conn.transaction())
-    async with conn.pipeline(), _async_block(block):
+    async with _async_block(block):
         try:
             batch = next(plan)
             while True:

@@ -311,9 +311,8 @@ class Worker:
         # One commit for both: with synchronous commit each one waits for a
         # WAL flush, which is most of a small batch's cost. (The commands'
         # own transactions become savepoints.) If the claim fails, the results
-        # roll back with it and are sent again. Pipelined: statements that need no
-        # answer (BEGIN, savepoints, COMMIT) travel with the next one that does.
-        with conn.pipeline(), conn.transaction():
+        # roll back with it and are sent again.
+        with conn.transaction():
             done, failed, written = Outcome(), Outcome(), failures
             if completions or failures:
                 done, failed, written = reporting.write(conn, completions, failures, actor=self.name)
