@@ -175,10 +175,13 @@ SELECT s.key, s.lim, s.claimed - coalesce((SELECT sum(r.released) FROM concurren
 -- turns). A rate-limited queue without a row here has no tokens for this
 -- claim. Paused queues are left out (the claim leaves them out anyway).
 -- plpgsql so that its plans are kept for the session (a sql function is
--- planned again in every statement that calls it).
+-- planned again in every statement that calls it). ROWS 1: at most a shard
+-- per queue, and usually none; at the default estimate of 1,000 rows the
+-- claim's generic plan walked a 100,000-job fairness backlog instead of
+-- probing it (120 ms per claim of 8 instead of 5 ms).
 CREATE OR REPLACE FUNCTION queue_buckets_take(queues text[], at timestamptz)
 RETURNS TABLE (queue text, shard smallint, tokens double precision, allowed integer)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE ROWS 1 AS $$
 BEGIN
     IF NOT EXISTS (SELECT FROM queue_settings s WHERE s.queue = ANY(queues) AND s.rate_per_second IS NOT NULL
                       AND NOT s.paused) THEN
