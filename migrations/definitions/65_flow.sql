@@ -167,6 +167,14 @@ SELECT s.key, s.lim, s.claimed - coalesce((SELECT sum(r.released) FROM concurren
                                             WHERE r.key = s.key), 0) AS running
   FROM concurrency_slots s;
 
+-- A bucket shard's tokens at `at`: refilled at its share of the rate since it
+-- was last refilled, up to its share of the burst. (SQL, so it is inlined.)
+CREATE OR REPLACE FUNCTION bucket_tokens_at(burst double precision, rate double precision, share double precision,
+                                            tokens double precision, refilled_at timestamptz, at timestamptz)
+RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT least(burst * share, tokens + rate * share * greatest(extract(epoch FROM at - refilled_at)::float8, 0))
+$$;
+
 -- The token buckets of a claim's rate-limited queues (see migration 0015),
 -- locked, with their tokens refilled to `at`: a single-shard bucket is waited
 -- for (in queue order, so claims of several queues cannot deadlock); of a
@@ -191,8 +199,8 @@ BEGIN
     SELECT b.queue, b.shard, x.tokens, floor(x.tokens)::integer
       FROM queue_buckets b
       JOIN queue_settings s ON s.queue = b.queue AND s.rate_per_second IS NOT NULL AND NOT s.paused
-     CROSS JOIN LATERAL (SELECT least(s.burst * b.share, b.tokens + s.rate_per_second * b.share
-                                      * greatest(extract(epoch FROM at - b.refilled_at)::float8, 0)) AS tokens) x
+     CROSS JOIN LATERAL (SELECT bucket_tokens_at(s.burst, s.rate_per_second, b.share, b.tokens, b.refilled_at, at)
+                                AS tokens) x
      WHERE b.queue = ANY(queues) AND b.share = 1
      ORDER BY b.queue
        FOR UPDATE OF b;
@@ -202,9 +210,8 @@ BEGIN
      CROSS JOIN LATERAL (
             SELECT b.queue, b.shard, x.tokens
               FROM queue_buckets b
-             CROSS JOIN LATERAL (SELECT least(s.burst * b.share, b.tokens + s.rate_per_second * b.share
-                                              * greatest(extract(epoch FROM at - b.refilled_at)::float8, 0))
-                                        AS tokens) x
+             CROSS JOIN LATERAL (SELECT bucket_tokens_at(s.burst, s.rate_per_second, b.share, b.tokens,
+                                                         b.refilled_at, at) AS tokens) x
              WHERE b.queue = s.queue AND b.share < 1
              ORDER BY x.tokens DESC
              LIMIT 1
