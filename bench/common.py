@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -135,7 +136,9 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
     """Nearest-rank percentile of an already sorted list."""
     if not sorted_values:
         return float("nan")
-    rank = max(1, int(round(fraction * len(sorted_values) + 0.5)))
+    # the smallest value with at least `fraction` of them at or below it: rank ceil(fraction * n)
+    # (the tolerance keeps 0.99 * 100 from becoming 100 in floating point)
+    rank = max(1, math.ceil(fraction * len(sorted_values) - 1e-9))
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 

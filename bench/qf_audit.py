@@ -33,7 +33,7 @@ from common import load_queries  # noqa: E402
 from qf_variants import measure, recreate  # noqa: E402
 
 VARIANTS = {"with the hash chain": [], "without (constant hash)": ["bench_without_hash"]}
-STEPS = ("enqueue", "claim", "complete")
+STEPS = ("enqueue", "claim", "complete", "enqueue_wall", "drain_wall")
 
 
 def main() -> int:
@@ -80,9 +80,14 @@ def main() -> int:
         print(f"| {name} | {m['enqueue']:.1f} | {m['claim']:.1f} | {m['complete']:.1f} |"
               f" {m['claim'] + m['complete']:.1f} |")
     hashed, plain = medians.values()
-    print(f"throughput with / without the hash (inverse CPU ratio): enqueue"
+    print(f"throughput with / without the hash (inverse ratio of PostgreSQL CPU): enqueue"
           f" {plain['enqueue'] / hashed['enqueue']:.3f}x, drain (claim + complete)"
           f" {(plain['claim'] + plain['complete']) / (hashed['claim'] + hashed['complete']):.3f}x")
+    print(f"jobs/s end to end on one connection, client included, with / without: enqueue"
+          f" {1e6 / hashed['enqueue_wall']:,.0f} / {1e6 / plain['enqueue_wall']:,.0f}"
+          f" = {plain['enqueue_wall'] / hashed['enqueue_wall']:.3f}x, claim + complete"
+          f" {1e6 / hashed['drain_wall']:,.0f} / {1e6 / plain['drain_wall']:,.0f}"
+          f" = {plain['drain_wall'] / hashed['drain_wall']:.3f}x")
     print(f"checkpoint: {events:,} events in {len(made)} checkpoint(s), {checkpoint_seconds:.2f} s"
           f" ({events / checkpoint_seconds:,.0f} events/s)")
     print(f"verify: {report.events:,} events, {report.checkpoints} checkpoint(s) in {report.seconds:.2f} s"

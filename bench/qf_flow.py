@@ -29,7 +29,7 @@ import psycopg
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
-from common import summarize  # noqa: E402
+from common import percentile, summarize  # noqa: E402
 from qf_history import backend_cpu_ns, recreate_database  # noqa: E402
 
 VARIANTS = ("plain", "keys", "rate", "fair")
@@ -192,8 +192,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def _p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return percentile(sorted(values), 0.99)
 
 
 def _b_latencies(url: str, backlog: int, samples: int) -> dict[str, Any]:
@@ -230,7 +229,7 @@ def _b_latencies(url: str, backlog: int, samples: int) -> dict[str, Any]:
             _stop(workers)
     latencies = [float(r[0]) for r in rows]
     return {"samples": len(latencies), "p50_ms": statistics.median(latencies) * 1000,
-            "p99_ms": _p99(latencies) * 1000, "a_still_pending_at_end": a_left}
+            "p99_ms": _p99(latencies) * 1000, "max_ms": max(latencies) * 1000, "a_still_pending_at_end": a_left}
 
 
 def run_fairness(admin_url: str, backlog: int, samples: int) -> dict[str, Any]:
@@ -274,7 +273,7 @@ def run_rate(admin_url: str, rate: float, seconds: float) -> dict[str, Any]:
 
 
 def run(admin_url: str, *, parts: tuple[str, ...] = ("claim", "fairness", "rate"), jobs: int = 20_000,
-        repeat: int = 3, backlog: int = 100_000, samples: int = 30, rate_seconds: float = 60) -> dict[str, Any]:
+        repeat: int = 3, backlog: int = 100_000, samples: int = 100, rate_seconds: float = 60) -> dict[str, Any]:
     results: dict[str, Any] = {}
     if "claim" in parts:
         results["claim"] = run_claim(admin_url, jobs, repeat)
@@ -324,7 +323,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="claim part only")
     parser.add_argument("--backlog", type=int, default=100_000)
-    parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument("--samples", type=int, default=100, help="B's jobs, one a second, per case")
     parser.add_argument("--rate-seconds", type=float, default=60)
     parser.add_argument("--db-prefix", default=DB_PREFIX, help="scratch databases: PREFIX_<variant>")
     args = parser.parse_args()

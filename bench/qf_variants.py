@@ -16,6 +16,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,14 +69,15 @@ def measure(url: str, statements: list[str], queries: dict[str, str], jobs: int,
         for name in statements:
             conn.execute(queries[name])
         pid = conn.info.backend_pid
-        started = server_ns(pid)
+        started, wall = server_ns(pid), time.perf_counter()
         for first in range(0, jobs, 1000):
             enqueue(conn, [JobSpec(task="bench_noop") for _ in range(min(1000, jobs - first))], actor="bench")
-        enqueue_ns = server_ns(pid) - started
+        enqueue_ns, enqueue_wall = server_ns(pid) - started, time.perf_counter() - wall
         conn.execute("ANALYZE jobs")
         claim_ns = complete_ns = done = 0
+        drain_wall = 0.0
         while True:
-            started = server_ns(pid)
+            started, wall = server_ns(pid), time.perf_counter()
             claimed = claim(conn, ["default"], batch, "bench")  # as a worker claims (statement and plan)
             claim_ns += server_ns(pid) - started
             if not claimed:
@@ -85,13 +87,17 @@ def measure(url: str, statements: list[str], queries: dict[str, str], jobs: int,
             with conn.transaction():
                 conn.execute(q("job_complete"), {"reports": reports, "actor": "bench", "now": None}).fetchall()
             complete_ns += server_ns(pid) - started
+            drain_wall += time.perf_counter() - wall
             done += len(claimed)
         if done != jobs:
             raise RuntimeError(f"drained {done} of {jobs} jobs")
         unlike = conn.execute(queries["bench_rows_unlike_fold"]).fetchone()[0] if check else 0
         if unlike:
             raise RuntimeError(f"{unlike} rows differ from the fold of their events")
-    return {"enqueue": enqueue_ns / 1e3 / jobs, "claim": claim_ns / 1e3 / jobs, "complete": complete_ns / 1e3 / jobs}
+    # also the wall time per job, client included (one connection, nothing in parallel): what a user's
+    # enqueue or a worker's claim and report cost end to end
+    return {"enqueue": enqueue_ns / 1e3 / jobs, "claim": claim_ns / 1e3 / jobs, "complete": complete_ns / 1e3 / jobs,
+            "enqueue_wall": enqueue_wall * 1e6 / jobs, "drain_wall": drain_wall * 1e6 / jobs}
 
 
 def main() -> int:
