@@ -2,14 +2,16 @@
 
     python bench/qf_audit.py --database-url postgresql://postgres@127.0.0.1:5432/postgres
 
-Hashing: enqueue, claim and complete through the real commands on fresh
-databases cloned from one migrated template, with the schema as it is and
-with event_hash replaced by a constant (bench/qf_audit.sql), interleaved run by
-run so that noise spreads over both; the figure is the CPU time of the
-connection's server process (qf_variants.measure: /proc/<pid>/schedstat, so
-PostgreSQL must run on this machine). Then, on the last database (a drained
-log): the wall time of `audit.checkpoint` and of `audit_verify.verify` over the
-whole log, in events per second.
+Hashing: enqueue, claim and complete through the real commands on two fresh
+databases cloned from one migrated template, one with the schema as it is and
+one with event_hash replaced by a constant (bench/qf_audit.sql), taking turns
+batch by batch (qf_variants.measure_side_by_side: on a shared machine the
+neighbours' bursts last seconds, and runs taken one after the other differed by
+up to 1.5x either way); the figures are the CPU time of each connection's
+server process (/proc/<pid>/schedstat, so PostgreSQL must run on this machine)
+and the wall time with the client. Then, on the last database (a drained log):
+the wall time of `audit.checkpoint` and of `audit_verify.verify` over the whole
+log, in events per second.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ from psycopg import sql  # noqa: E402
 from qforge.events import audit, audit_verify  # noqa: E402
 from qforge.migrate import migrate  # noqa: E402
 from common import load_queries  # noqa: E402
-from qf_variants import measure, recreate  # noqa: E402
+from qf_variants import Run, measure, measure_side_by_side, recreate  # noqa: E402
 
-VARIANTS = {"with the hash chain": [], "without (constant hash)": ["bench_without_hash"]}
+VARIANTS = {"with the hash chain": [], "without (constant hash)": ["bench_without_hash", "bench_without_hash_fixed"]}
 STEPS = ("enqueue", "claim", "complete", "enqueue_wall", "drain_wall")
 
 
@@ -42,7 +44,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=30_000)
     parser.add_argument("--batch", type=int, default=500, help="claim/complete batch (the worker's concurrency)")
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--db-prefix", default="qf_bench_audit", help="scratch databases: PREFIX_tpl, PREFIX")
+    parser.add_argument("--db-prefix", default="qf_bench_audit", help="scratch databases: PREFIX_tpl, PREFIX_0, PREFIX_1, PREFIX")
     args = parser.parse_args()
     queries = load_queries(str(ROOT / "bench" / "qf_audit.sql"))
     template, scratch = f"{args.db_prefix}_tpl", args.db_prefix
@@ -51,9 +53,15 @@ def main() -> int:
     figures: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
     try:
         for _ in range(args.repeat):
-            for name, statements in VARIANTS.items():
-                url = recreate(args.database_url, scratch, template)
-                figures[name].append(measure(url, statements, queries, args.jobs, args.batch, check=False))
+            runs = {name: Run(recreate(args.database_url, f"{scratch}_{n}", template), statements, queries)
+                    for n, (name, statements) in enumerate(VARIANTS.items())}
+            try:
+                measure_side_by_side(list(runs.values()), args.jobs, args.batch)
+                for name, run in runs.items():
+                    figures[name].append(run.figures())
+            finally:
+                for run in runs.values():
+                    run.close()
         url = recreate(args.database_url, scratch, template)
         measure(url, [], queries, args.jobs, args.batch, check=False)
         with psycopg.connect(url, autocommit=True) as conn:
@@ -66,7 +74,7 @@ def main() -> int:
                 raise RuntimeError(f"verify found {len(report.problems)} problems in an untouched log")
     finally:
         with psycopg.connect(args.database_url, autocommit=True) as admin:
-            for name in (scratch, template):
+            for name in (scratch, *(f"{scratch}_{n}" for n in range(len(VARIANTS))), template):
                 admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
     print(f"PostgreSQL CPU µs per job (median of {args.repeat}; {args.jobs:,} jobs, enqueue batches of 1,000,"

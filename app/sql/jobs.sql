@@ -1,6 +1,8 @@
 -- name: job_enqueue
 -- One Enqueued event per new job; events_project() creates the rows. A
--- stream's first event carries its tags; its hash starts the stream's chain.
+-- stream's first event carries its tags; its hash starts the stream's chain
+-- (event_hash_fixed: the encoding's part shared by the statement's events is
+-- computed once, see 10_log.sql; at is the same now() for all of them).
 -- (Jobs with an idempotency key go through job_enqueue_keyed.)
 WITH input AS (
     SELECT j.id, j.data, nullif(j.tags, '{}') AS tags, j.workflow_id,
@@ -10,8 +12,9 @@ WITH input AS (
 INSERT INTO events (stream_type, stream_id, version, type, data, tags, workflow_id, occurred_at, actor,
                     hash)
 SELECT 'job', i.id, 1, 'Enqueued', i.data, i.tags, i.workflow_id, i.at, %(actor)s,
-       event_hash(NULL, 'job', i.id, 1, 'Enqueued', 1::smallint, i.data, i.tags, i.workflow_id, i.at,
-                  %(actor)s)
+       event_hash_fixed(NULL, i.id, 1, (SELECT event_canonical_v1_fixed(1::smallint,
+                            coalesce(%(now)s::timestamptz, now()), 'job', 'Enqueued', %(actor)s)),
+                        i.workflow_id, i.tags, i.data)
   FROM input i
 
 -- name: job_enqueue_keyed
@@ -32,8 +35,9 @@ WITH input AS (
 INSERT INTO events (stream_type, stream_id, version, type, data, tags, workflow_id, occurred_at, actor,
                     hash)
 SELECT 'job', i.id, 1, 'Enqueued', i.data, i.tags, i.workflow_id, i.at, %(actor)s,
-       event_hash(NULL, 'job', i.id, 1, 'Enqueued', 1::smallint, i.data, i.tags, i.workflow_id, i.at,
-                  %(actor)s)
+       event_hash_fixed(NULL, i.id, 1, (SELECT event_canonical_v1_fixed(1::smallint,
+                            coalesce(%(now)s::timestamptz, now()), 'job', 'Enqueued', %(actor)s)),
+                        i.workflow_id, i.tags, i.data)
   FROM input i
  WHERE NOT i.data ? 'idempotency_key' OR i.id IN (SELECT stream_id FROM keyed)
 RETURNING stream_id
@@ -58,8 +62,9 @@ SET LOCAL plan_cache_mode = force_generic_plan
 -- now, less what this claim took.
 INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
 SELECT 'job', p.id, p.version + 1, 'Claimed', p.data, p.workflow_id, c.at, %(worker)s,
-       event_hash(p.chain, 'job', p.id, p.version + 1, 'Claimed', 1::smallint, p.data, NULL,
-                  p.workflow_id, c.at, %(worker)s)
+       event_hash_fixed(p.chain, p.id, p.version + 1,
+                        (SELECT event_canonical_v1_fixed(1::smallint, at, 'job', 'Claimed', %(worker)s) FROM clock),
+                        p.workflow_id, NULL, p.data)
   FROM picked p, clock c
 ), spent AS (
 UPDATE queue_buckets b
@@ -310,8 +315,10 @@ WITH report AS (
 )
 INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
 SELECT 'job', t.id, t.version + 1, 'Succeeded', t.data, t.workflow_id, t.at, %(actor)s,
-       event_hash(t.chain, 'job', t.id, t.version + 1, 'Succeeded', 1::smallint, t.data, NULL,
-                  t.workflow_id, t.at, %(actor)s)
+       event_hash_fixed(t.chain, t.id, t.version + 1,
+                        (SELECT event_canonical_v1_fixed(1::smallint, coalesce(%(now)s::timestamptz, now()),
+                                                         'job', 'Succeeded', %(actor)s)),
+                        t.workflow_id, NULL, t.data)
   FROM target t
 RETURNING stream_id AS id, workflow_id
 
