@@ -11,6 +11,7 @@ import pytest
 
 import qforge
 from qforge.commands.errors import Invalid
+from qforge.commands.plan import Last, Statement, run
 
 
 def job_count(db_url: str, job_id: uuid.UUID | None = None) -> int:
@@ -103,3 +104,39 @@ def test_async_connection_commit_and_rollback(app_db, db_url):
     assert job_count(db_url, kept) == 1 and job_count(db_url, dropped) == 0
     with psycopg.connect(db_url) as other:
         assert other.execute("SELECT count(*) FROM jobs WHERE workflow_id = %s", (workflow_id,)).fetchone()[0] == 1
+
+
+def _started_its_transaction() -> object:
+    """A plan of one statement that tells whether it began its own transaction: now() is the
+    transaction's start, statement_timestamp() this statement's, equal only for a statement that
+    runs by itself (a BEGIN before it is a round trip earlier)."""
+    [rows] = yield Last([Statement("SELECT now() = statement_timestamp()", {}, fetch=True)])
+    return rows[0][0]
+
+
+def _started_its_transaction_not_last() -> object:
+    [rows] = yield [Statement("SELECT now() = statement_timestamp()", {}, fetch=True)]
+    return rows[0][0]
+
+
+def test_a_last_lone_statement_skips_begin_and_commit_only_where_it_is_atomic_by_itself(db_url):
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert run(conn, _started_its_transaction()) is True  # no BEGIN/COMMIT round trips
+        assert run(conn, _started_its_transaction_not_last()) is False  # a transaction of its own
+        with conn.transaction():  # the caller's block: a savepoint inside it, never alone
+            assert run(conn, _started_its_transaction()) is False
+    with psycopg.connect(db_url) as conn:  # not autocommit: joins or opens a transaction as before
+        assert run(conn, _started_its_transaction()) is False
+        conn.rollback()
+
+
+def test_a_one_job_enqueue_on_an_autocommit_connection_is_one_statement_and_commits(db_url):
+    from qforge.commands.enqueue import JobSpec, enqueue
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        [result] = enqueue(conn, [JobSpec(task="noop")], actor="test")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert job_count(db_url, result.id) == 1
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        events = conn.execute("SELECT type FROM events WHERE stream_id = %s", (result.id,)).fetchall()
+    assert events == [("Enqueued",)]

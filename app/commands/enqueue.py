@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from qforge import tracing
-from qforge.commands.plan import Plan, Statement, run
+from qforge.commands.plan import Last, Plan, Statement, run
 from qforge.commands.specs import JobSpec
 from qforge.events.ids import new_ids
 from qforge.events.types import Enqueued
@@ -95,7 +95,8 @@ def enqueue_plan(specs: list[JobSpec], *, actor: str = "api", now: datetime | No
                                     "actor": actor, "now": now}, fetch=keyed)
                   for part in parts)
     # Lazy when there are several parts: each is built while the database folds the one before.
-    results = yield list(statements) if len(parts) == 1 else statements
+    # Without idempotency keys nothing follows the statements.
+    results = yield ((Last if not keyed else list)(statements) if len(parts) == 1 else statements)
     if not keyed:  # nothing can conflict: every job is new (no RETURNING to read)
         return [EnqueueResult(job_id, True) for job_id in ids]
     inserted = {row[0] for rows in results for row in rows}
