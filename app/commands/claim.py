@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 from qforge.sql import q
 
@@ -44,7 +46,10 @@ def claim(conn, queues: list[str], limit: int, worker: str, *,
     # Not pipelined: psycopg's pipeline mode saved round trips but cost more CPU than
     # they did (drain, 3 repetitions each on a quiet machine: 17,207 jobs/s without,
     # 14,471 with; workers + PostgreSQL 108 vs 125 µs per job).
-    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+    # In a transaction already (the worker's exchange, after its reports), the claim is part of it:
+    # no savepoint (two round trips), as nobody goes on after a failed claim but rolls back.
+    opened = conn.info.transaction_status == TransactionStatus.INTRANS
+    with contextlib.nullcontext() if opened else conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(q("job_claim_plan"))
         rows = None
         if _flow_seen.get(conn, {}).get(key, -FLOW_MEMORY_SECONDS) + FLOW_MEMORY_SECONDS <= time.monotonic():
