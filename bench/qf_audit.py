@@ -9,7 +9,8 @@ batch by batch (qf_variants.measure_side_by_side: on a shared machine the
 neighbours' bursts last seconds, and runs taken one after the other differed by
 up to 1.5x either way); the figures are the CPU time of each connection's
 server process (/proc/<pid>/schedstat, so PostgreSQL must run on this machine)
-and the wall time with the client. Then, on the last database (a drained log):
+and the wall time with the client. Then, on the last repetition's database with
+the hash chain (a drained log):
 the wall time of `audit.checkpoint` and of `audit_verify.verify` over the whole
 log, in events per second.
 """
@@ -32,7 +33,7 @@ from psycopg import sql  # noqa: E402
 from qforge.events import audit, audit_verify  # noqa: E402
 from qforge.migrate import migrate  # noqa: E402
 from common import load_queries  # noqa: E402
-from qf_variants import Run, measure, measure_side_by_side, recreate  # noqa: E402
+from qf_variants import Run, measure_side_by_side, recreate, with_database  # noqa: E402
 
 VARIANTS = {"with the hash chain": [], "without (constant hash)": ["bench_without_hash", "bench_without_hash_fixed"]}
 STEPS = ("enqueue", "claim", "complete", "enqueue_wall", "drain_wall")
@@ -44,7 +45,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=30_000)
     parser.add_argument("--batch", type=int, default=500, help="claim/complete batch (the worker's concurrency)")
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--db-prefix", default="qf_bench_audit", help="scratch databases: PREFIX_tpl, PREFIX_0, PREFIX_1, PREFIX")
+    parser.add_argument("--db-prefix", default="qf_bench_audit", help="scratch databases: PREFIX_tpl, PREFIX_0, PREFIX_1")
     args = parser.parse_args()
     queries = load_queries(str(ROOT / "bench" / "qf_audit.sql"))
     template, scratch = f"{args.db_prefix}_tpl", args.db_prefix
@@ -62,8 +63,8 @@ def main() -> int:
             finally:
                 for run in runs.values():
                     run.close()
-        url = recreate(args.database_url, scratch, template)
-        measure(url, [], queries, args.jobs, args.batch, check=False)
+        # the last repetition's database with the hash chain: a drained log
+        url = with_database(args.database_url, f"{scratch}_0")
         with psycopg.connect(url, autocommit=True) as conn:
             events = conn.execute("SELECT count(*) FROM events").fetchone()[0]
             started = time.perf_counter()
@@ -74,7 +75,7 @@ def main() -> int:
                 raise RuntimeError(f"verify found {len(report.problems)} problems in an untouched log")
     finally:
         with psycopg.connect(args.database_url, autocommit=True) as admin:
-            for name in (scratch, *(f"{scratch}_{n}" for n in range(len(VARIANTS))), template):
+            for name in (*(f"{scratch}_{n}" for n in range(len(VARIANTS))), template):
                 admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
     print(f"PostgreSQL CPU µs per job (median of {args.repeat}; {args.jobs:,} jobs, enqueue batches of 1,000,"

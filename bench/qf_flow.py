@@ -191,10 +191,6 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             proc.kill()
 
 
-def _p99(values: list[float]) -> float:
-    return percentile(sorted(values), 0.99)
-
-
 def _b_latencies(url: str, backlog: int, samples: int) -> dict[str, Any]:
     """Enqueue `backlog` jobs of key A, then one job of key B a second; B's enqueue-to-claim seconds."""
     from qforge.commands.enqueue import JobSpec, enqueue
@@ -232,7 +228,7 @@ def _b_latencies(url: str, backlog: int, samples: int) -> dict[str, Any]:
 
 def _latency_figures(latencies_ms: list[float]) -> dict[str, float]:
     return {"samples": len(latencies_ms), "p50_ms": statistics.median(latencies_ms),
-            "p99_ms": _p99(latencies_ms), "max_ms": max(latencies_ms)}
+            "p99_ms": percentile(sorted(latencies_ms), 0.99), "max_ms": max(latencies_ms)}
 
 
 def run_fairness(admin_url: str, backlog: int, samples: int, repeat: int) -> dict[str, Any]:

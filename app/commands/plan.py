@@ -61,6 +61,14 @@ def _alone(conn: Connection | AsyncConnection, batch: Iterable[Statement]) -> bo
             and conn.info.transaction_status == TransactionStatus.IDLE)
 
 
+def _block(conn: Connection | AsyncConnection, first: Iterable[Statement], own_transaction: bool):
+    """The plan's transaction: none where the statements join the caller's (see _joins_caller) or
+    the only statement runs alone (see Last), else conn.transaction()."""
+    if (not own_transaction and _joins_caller(conn)) or _alone(conn, first):
+        return contextlib.nullcontext()
+    return conn.transaction()
+
+
 def run(conn: Connection, plan: Plan[T], *, own_transaction: bool = True) -> T:
     """Run a plan. own_transaction=True (the API, the CLI): one transaction, committed here, or a
     savepoint if the caller has one open. False (qforge.enqueue): inside the caller's transaction;
@@ -70,9 +78,7 @@ def run(conn: Connection, plan: Plan[T], *, own_transaction: bool = True) -> T:
         batch = next(plan)
     except StopIteration as done:  # nothing to run (the plan's own code does no I/O)
         return done.value
-    block = (contextlib.nullcontext() if (not own_transaction and _joins_caller(conn)) or _alone(conn, batch)
-             else conn.transaction())
-    with block:
+    with _block(conn, batch, own_transaction):
         try:
             while True:
                 with conn.pipeline() if _pipelined(batch) else contextlib.nullcontext():
@@ -93,9 +99,7 @@ async def run_async(conn: AsyncConnection, plan: Plan[T], *, own_transaction: bo
         batch = next(plan)
     except StopIteration as done:
         return done.value
-    block = (contextlib.nullcontext() if (not own_transaction and _joins_caller(conn)) or _alone(conn, batch)
-             else conn.transaction())
-    async with _async_block(block):
+    async with _async_block(_block(conn, batch, own_transaction)):
         try:
             while True:
                 async with conn.pipeline() if _pipelined(batch) else _async_block(contextlib.nullcontext()):
