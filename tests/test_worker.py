@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime, timezone
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import pq
 
 from qforge.commands import workers
-from qforge.commands.claim import claim
+from qforge.commands.claim import claim, plan_generically
 from qforge.commands.manage import cancel_job
 from qforge.commands.report import Report
 from qforge.projections.workers import live_workers, pods
+from qforge.workers import reporting
+from qforge.workers.connection import connect
+from qforge.workers.worker import Worker
 from test_worker_support import add_jobs, history, job, registry
 
 
@@ -73,3 +82,68 @@ def test_silent_workers_leave_the_live_list_and_are_marked_gone(conn):
     workers.record(conn, worker_info("quiet"), [])  # it was only slow: the next tick brings it back
     assert registry(conn, "quiet")["status"] == "running"
     assert workers.mark_gone(conn, stale_seconds=10) == []
+
+
+@contextlib.contextmanager
+def round_trips(conn: psycopg.Connection, path: Path):
+    """What the connection sends, one entry per round trip: a simple query's text, or "extended"
+    (Parse/Bind/Execute up to a Sync: one statement with parameters)."""
+    trips: list[str] = []
+    with open(path, "w") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            yield trips
+        finally:
+            conn.pgconn.untrace()
+    for line in path.read_text().splitlines():  # a message is "F|B <tab> length <tab> type..."
+        side, _, kind, *rest = line.split("\t") + ["", ""]
+        if side == "F" and kind == "Query":
+            trips.append(rest[0].strip().strip('"'))
+        elif side == "F" and kind == "Sync":
+            trips.append("extended")
+
+
+@pytest.fixture
+def worker(db_url: str):
+    made = Worker(db_url, name="w1", queues=["default"], concurrency=4)
+    yield made
+    made.db_thread.shutdown()
+    made.task_threads.shutdown()
+
+
+def test_a_worker_claims_alone_in_one_round_trip_and_reports_in_one_transaction(conn, db_url, worker, tmp_path):
+    add_jobs(conn, *[{"task": "echo"}] * 3)
+    with connect(db_url, "test-worker") as wconn:
+        plan_generically(wconn)
+        with round_trips(wconn, tmp_path / "claim") as trips:
+            *_, claimed = worker._exchange_sync(wconn, [], [], 2)
+        assert len(claimed) == 2 and trips == ["extended"]  # no BEGIN, SET LOCAL or COMMIT
+
+        with round_trips(wconn, tmp_path / "exchange") as trips:
+            done, failed, _, more = worker._exchange_sync(
+                wconn, [reporting.succeeded(j, {"n": 1}) for j in claimed], [], 2)
+        # the completions and the claim in one transaction, without savepoints
+        assert trips == ["BEGIN", "extended", "extended", "COMMIT"]
+        assert sorted(done.accepted) == sorted(j.id for j in claimed) and not failed.accepted
+        assert len(more) == 1
+        assert wconn.execute("SHOW plan_cache_mode").fetchone()[0] == "force_generic_plan"
+    assert [job(conn, j.id)["status"] for j in claimed] == ["succeeded", "succeeded"]
+    assert job(conn, more[0].id)["status"] == "running"
+
+
+def test_a_refused_report_rolls_the_exchange_back_and_it_is_written_again_report_by_report(conn, db_url, worker):
+    add_jobs(conn, *[{"task": "echo"}] * 3)
+    with connect(db_url, "test-worker") as wconn:
+        plan_generically(wconn)
+        *_, claimed = worker._exchange_sync(wconn, [], [], 2)
+        good, bad = claimed
+        reports = [reporting.succeeded(good, {"n": 1}), reporting.succeeded(bad, {"text": "a\u0000b"})]
+        done, failed, written, more = worker._exchange_sync(wconn, reports, [], 1)
+        assert wconn.info.transaction_status == pq.TransactionStatus.IDLE
+    assert done.accepted == [good.id] and failed.accepted == [bad.id] and len(more) == 1
+    assert job(conn, good.id)["status"] == "succeeded"
+    assert "result could not be stored" in job(conn, bad.id)["last_error"]
+    # each claimed once: the rolled-back first try claimed nothing that stayed claimed
+    assert job(conn, more[0].id)["attempts"] == 1
+    assert [e.type for e in history(conn, more[0].id)] == ["Enqueued", "Claimed"]

@@ -10,8 +10,9 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
+
+from qforge.commands import tx
 from qforge.sql import q
 
 
@@ -43,14 +44,18 @@ def claim(conn, queues: list[str], limit: int, worker: str, *,
         return []
     params = {"queues": list(queues), "limit": limit, "worker": worker, "now": now}
     key = tuple(queues)
+    generic = conn in _generic
     # Not pipelined: psycopg's pipeline mode saved round trips but cost more CPU than
     # they did (drain, 3 repetitions each on a quiet machine: 17,207 jobs/s without,
     # 14,471 with; workers + PostgreSQL 108 vs 125 µs per job).
     # In a transaction already (the worker's exchange, after its reports), the claim is part of it:
-    # no savepoint (two round trips), as nobody goes on after a failed claim but rolls back.
-    opened = conn.info.transaction_status == TransactionStatus.INTRANS
-    with contextlib.nullcontext() if opened else conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(q("job_claim_plan"))
+    # no savepoint (two round trips), as nobody goes on after a failed claim but rolls back. On a
+    # connection that plans generically, a claim alone needs no transaction at all: each of its
+    # statements is atomic by itself (a claim after a wake-up is then one round trip).
+    scope = contextlib.nullcontext() if generic else tx.block(conn, join=True)
+    with scope, conn.cursor(row_factory=tuple_row) as cur:
+        if not generic:
+            cur.execute(q("job_claim_plan"))
         rows = None
         if _flow_seen.get(conn, {}).get(key, -FLOW_MEMORY_SECONDS) + FLOW_MEMORY_SECONDS <= time.monotonic():
             rows = cur.execute(q("job_claim_plain"), params).fetchall()
@@ -65,3 +70,15 @@ def claim(conn, queues: list[str], limit: int, worker: str, *,
 FLOW_MEMORY_SECONDS = 1.0
 # connection -> queues -> when job_claim_plain last said "not plain" (time.monotonic())
 _flow_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def plan_generically(conn) -> None:
+    """For a connection that claims over and over (a worker's): plan every statement once for the
+    session (see job_claim_plan_session), so that its claims skip job_claim_plan and, alone, their
+    transaction."""
+    conn.execute(q("job_claim_plan_session"))
+    _generic.add(conn)
+
+
+# connections set up by plan_generically
+_generic: weakref.WeakSet = weakref.WeakSet()

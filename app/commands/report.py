@@ -15,6 +15,7 @@ from uuid import UUID
 
 from psycopg.rows import tuple_row
 
+from qforge.commands import tx
 from qforge.commands.advance import advance
 from qforge.settings import get_settings
 from qforge.sql import q
@@ -67,12 +68,13 @@ def heartbeat(conn, reports: list[Report], *, actor: str, now: datetime | None =
 
 
 def complete(conn, reports: list[Report], *, actor: str, now: datetime | None = None,
-             workflow_ids_known: bool = False) -> Outcome:
-    """Record Succeeded for each current attempt; advance the workflows of steps."""
+             workflow_ids_known: bool = False, join: bool = False) -> Outcome:
+    """Record Succeeded for each current attempt; advance the workflows of steps. With `join`,
+    inside the caller's transaction without a savepoint (see tx.block)."""
     if not reports:
         return Outcome()
     rows = [{"id": str(r.job_id), "attempt": r.attempt, "result": r.result} for r in reports]
-    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+    with tx.block(conn, join=join), conn.cursor(row_factory=tuple_row) as cur:
         locked = _lock_workflows(cur, reports, workflow_ids_known)
         cur.execute(q("job_complete"), {"reports": json.dumps(rows), "actor": actor, "now": now})
         done = cur.fetchall()
@@ -82,14 +84,15 @@ def complete(conn, reports: list[Report], *, actor: str, now: datetime | None = 
 
 
 def fail(conn, reports: list[Report], *, actor: str, now: datetime | None = None,
-         workflow_ids_known: bool = False) -> Outcome:
-    """Record Failed, then Retried with backoff or DeadLettered, for each current attempt."""
+         workflow_ids_known: bool = False, join: bool = False) -> Outcome:
+    """Record Failed, then Retried with backoff or DeadLettered, for each current attempt (`join`:
+    see complete)."""
     if not reports:
         return Outcome()
     settings = get_settings()
     rows = [{"id": str(r.job_id), "attempt": r.attempt, "reason": r.reason,
              "error": r.error or "failed", "result": r.result} for r in reports]
-    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+    with tx.block(conn, join=join), conn.cursor(row_factory=tuple_row) as cur:
         locked = _lock_workflows(cur, reports, workflow_ids_known)
         cur.execute(q("job_fail"), {
             "reports": json.dumps(rows), "actor": actor, "now": now,

@@ -53,6 +53,14 @@ SELECT stream_id, key FROM idempotency_keys WHERE stream_type = 'job' AND key = 
 -- cpu). For the claim's transaction only.
 SET LOCAL plan_cache_mode = force_generic_plan
 
+-- name: job_claim_plan_session
+-- The same for a whole session: a worker's connection, which claims over and
+-- over. The claim then needs no SET LOCAL, and alone no transaction: one round
+-- trip after a wake-up instead of four. The worker's other statements (reports,
+-- heartbeats, the workflow steps a report advances) find rows by key, which a
+-- generic plan does as well as a custom one, once instead of at every call.
+SET plan_cache_mode = force_generic_plan
+
 -- name: job_claim_record
 -- The end of both claim statements (included where they say
 -- `-- include: job_claim_record`): from `picked` (and `clock`, `bucket`), the

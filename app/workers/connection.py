@@ -37,17 +37,27 @@ class Reconnecting:
 
     `run(fn)` calls `fn(conn, ...)`; a transient error propagates (the caller
     decides when to retry), and if it broke the connection the next `run`
-    opens a new one. Not thread-safe: one caller (thread) at a time.
+    opens a new one (and calls `setup(conn)` on it first). Not thread-safe: one
+    caller (thread) at a time.
     """
 
-    def __init__(self, url: str, application_name: str) -> None:
+    def __init__(self, url: str, application_name: str,
+                 setup: Callable[[psycopg.Connection], None] | None = None) -> None:
         self.url = url
         self.application_name = application_name
+        self.setup = setup
         self.conn: psycopg.Connection | None = None
 
     def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self.conn is None or self.conn.closed:
-            self.conn = connect(self.url, self.application_name)
+            conn = connect(self.url, self.application_name)
+            try:
+                if self.setup is not None:
+                    self.setup(conn)
+            except BaseException:
+                conn.close()
+                raise
+            self.conn = conn
             log.debug("connected to the database")
         conn = self.conn
         try:

@@ -40,12 +40,17 @@ def failed(job: ClaimedJob, exc: Exception) -> Report:
 
 
 def write(conn: psycopg.Connection, completions: list[Report], failures: list[Report], *,
-          actor: str) -> tuple[Outcome, Outcome, list[Report]]:
+          actor: str, join: bool = False) -> tuple[Outcome, Outcome, list[Report]]:
     """Complete and fail in (at most) two batches; a completion whose result is refused fails instead.
 
     Returns both outcomes and the failure reports written (those converted
-    completions included), so the caller's log can name them.
+    completions included), so the caller's log can name them. With `join`, the
+    batches join the caller's transaction and a refused batch raises (the
+    caller rolls back and writes again without `join`).
     """
+    if join:
+        done = report.complete(conn, completions, actor=actor, workflow_ids_known=True, join=True)
+        return done, report.fail(conn, failures, actor=actor, workflow_ids_known=True, join=True), failures
     done, unstorable = _write(conn, completions, ok=True, actor=actor)
     failures = failures + unstorable
     failed_outcome, _ = _write(conn, failures, ok=False, actor=actor)

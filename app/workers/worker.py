@@ -33,7 +33,7 @@ from psycopg import sql
 
 from qforge import tracing
 from qforge.commands import report, workers
-from qforge.commands.claim import ClaimedJob, claim
+from qforge.commands.claim import ClaimedJob, claim, plan_generically
 from qforge.commands.report import Outcome, Report
 from qforge.events.store import JOBS_CHANNEL
 from qforge.settings import Settings, get_settings
@@ -87,7 +87,7 @@ class Worker:
         self.info = workers.WorkerInfo(name=name, host=socket.gethostname(), pid=os.getpid(),
                                        queues=queues, concurrency=concurrency,
                                        started_at=datetime.now(timezone.utc))
-        self.db = Reconnecting(url, f"qforge-worker {name}")
+        self.db = Reconnecting(url, f"qforge-worker {name}", setup=plan_generically)
         self.db_thread = ThreadPoolExecutor(1, thread_name_prefix="qforge-db")
         self.task_threads = ThreadPoolExecutor(concurrency, thread_name_prefix="qforge-task")
         self.running: dict[UUID, Running] = {}
@@ -308,14 +308,28 @@ class Worker:
 
     def _exchange_sync(self, conn: psycopg.Connection, completions: list[Report], failures: list[Report],
                        claim_limit: int) -> tuple[Outcome, Outcome, list[Report], list[ClaimedJob]]:
+        if not (completions or failures):
+            # A claim alone (the connection plans generically): one statement, no transaction.
+            return Outcome(), Outcome(), [], claim(conn, self.queues, claim_limit, self.name)
+        try:
+            return self._exchange_once(conn, completions, failures, claim_limit, join=True)
+        except TRANSIENT_ERRORS:
+            raise
+        except psycopg.Error:
+            # Rolled back whole. Once more with a savepoint per command, so that a report the
+            # database refuses (a "\u0000" in a result, say) is written on its own and the rest go in.
+            return self._exchange_once(conn, completions, failures, claim_limit, join=False)
+
+    def _exchange_once(self, conn: psycopg.Connection, completions: list[Report], failures: list[Report],
+                       claim_limit: int, *, join: bool) -> tuple[Outcome, Outcome, list[Report], list[ClaimedJob]]:
         # One commit for both: with synchronous commit each one waits for a
-        # WAL flush, which is most of a small batch's cost. (The commands'
-        # own transactions become savepoints.) If the claim fails, the results
-        # roll back with it and are sent again.
+        # WAL flush, which is most of a small batch's cost. With `join` the
+        # commands' statements join this transaction (no savepoints: two
+        # round trips each) and any failure rolls it all back; without, they
+        # become savepoints and reporting.write gets past a refused report.
+        # If the claim fails, the results roll back with it and are sent again.
         with conn.transaction():
-            done, failed, written = Outcome(), Outcome(), failures
-            if completions or failures:
-                done, failed, written = reporting.write(conn, completions, failures, actor=self.name)
+            done, failed, written = reporting.write(conn, completions, failures, actor=self.name, join=join)
             jobs = claim(conn, self.queues, claim_limit, self.name) if claim_limit else []
         return done, failed, written, jobs
 
