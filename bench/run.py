@@ -163,16 +163,14 @@ def run_claim(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
     for rep in range(args.repeat):
         for complete in (False, True):
             kind = "claim_complete" if complete else "claim"
-            # Alternate which goes first, so a noisy moment does not always land on the same side.
-            for where in (("empty", "history") if rep % 2 == 0 else ("history", "empty")):
-                if where == "history":
-                    url = history_url
-                else:
-                    bench.created.add(bench.name("claim_empty"))
-                    url = qf_history.recreate_database(bench.admin_url, bench.name("claim_empty"))
-                measured = qf_history.claim_throughput(url, args.claim_jobs, complete=complete)
-                raw[f"{where}_{kind}"].append(measured["jobs_per_s"])
-                raw[f"{where}_{kind}_server_cpu_us"].append(measured["server_cpu_us_per_job"])
+            bench.created.add(bench.name("claim_empty"))
+            urls = {"empty": qf_history.recreate_database(bench.admin_url, bench.name("claim_empty")),
+                    "history": history_url}
+            # Both claimed in turns, batch round by batch round (see claim_side_by_side).
+            measured = qf_history.claim_side_by_side(urls, args.claim_jobs, complete=complete)
+            for where, figures in measured.items():
+                raw[f"{where}_{kind}"].append(figures["jobs_per_s"])
+                raw[f"{where}_{kind}_server_cpu_us"].append(figures["server_cpu_us_per_job"])
         log(f"claim rep {rep + 1}: empty {raw['empty_claim'][-1]:,.0f} / history {raw['history_claim'][-1]:,.0f}"
             f" jobs/s; claim+complete empty {raw['empty_claim_complete'][-1]:,.0f} / history "
             f"{raw['history_claim_complete'][-1]:,.0f}")
