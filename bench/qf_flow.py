@@ -4,7 +4,8 @@ whether fairness and rate limits hold under real workers.
 Parts (run.py --parts flow runs them all; also usable alone):
   claim     claim+complete throughput and PostgreSQL CPU per job: plain jobs, jobs with
             concurrency keys (limits far above the drain), a queue rate-limited far above
-            the drain, jobs with fairness keys; each variant in its own fresh database
+            the drain, jobs with fairness keys; each variant in its own fresh database, the
+            four claimed in turns, batch round by batch round
   fairness  key A: 100,000 jobs queued first; key B: 1 job/s; B's enqueue-to-start p99,
             against B alone on an empty queue (real `qforge worker` processes)
   rate      a queue limited to 50/s drained by 3 worker processes: claims per second over 60 s
@@ -30,7 +31,7 @@ import psycopg
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 from common import percentile, summarize  # noqa: E402
-from qf_history import backend_cpu_ns, recreate_database  # noqa: E402
+from qf_history import backend_cpu_ns, claim_side_by_side, recreate_database  # noqa: E402
 
 VARIANTS = ("plain", "keys", "rate", "fair")
 KEYS = 20  # distinct concurrency / fairness keys in the claim variants
@@ -50,11 +51,9 @@ def _specs(variant: str, count: int) -> list:
     return [JobSpec(task="bench_noop") for _ in range(count)]
 
 
-def claim_variant(admin_url: str, variant: str, jobs: int, *, threads: int = 2, batch: int = 100) -> dict[str, float]:
-    """Claim and complete `jobs` jobs of one variant in batches from `threads` connections."""
-    from qforge.commands.claim import claim
+def _fill(admin_url: str, variant: str, jobs: int) -> str:
+    """A fresh database holding `jobs` pending jobs of one variant (and, for "rate", the queue's limit)."""
     from qforge.commands.enqueue import enqueue
-    from qforge.commands.report import Report, complete
 
     url = recreate_database(admin_url, f"{DB_PREFIX}_{variant}")
     with psycopg.connect(url, autocommit=True) as conn:
@@ -65,62 +64,36 @@ def claim_variant(admin_url: str, variant: str, jobs: int, *, threads: int = 2, 
             configure_queue(conn, "default", QueueSettingsSpec(rate_per_second=1_000_000, burst=1_000_000))
         conn.execute("ANALYZE jobs")
         conn.execute("CHECKPOINT")
-    barrier = threading.Barrier(threads + 1)
-    counts, server_ns, statements = [0] * threads, [0] * threads, [0] * threads
-    errors: list[BaseException] = []
+    return url
 
-    def run(index: int) -> None:
-        try:
-            with psycopg.connect(url, autocommit=True) as conn:
-                name = f"bench-{index}"
-                backend = conn.info.backend_pid
-                barrier.wait()
-                before = backend_cpu_ns(backend)
-                while True:
-                    claimed = claim(conn, ["default"], batch, name)
-                    statements[index] += 1
-                    if not claimed:
-                        # A key busy in the other claim is skipped, not waited for: an
-                        # empty claim ends the run only when nothing is pending.
-                        if not conn.execute("SELECT 1 FROM jobs WHERE status = 'pending' LIMIT 1").fetchone():
-                            break
-                        continue
-                    complete(conn, [Report(j.id, j.attempt) for j in claimed], actor=name,
-                             workflow_ids_known=True)
-                    counts[index] += len(claimed)
-                server_ns[index] = backend_cpu_ns(backend) - before
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-            barrier.abort()
 
+def claim_variants(admin_url: str, variants: tuple[str, ...], jobs: int) -> dict[str, dict[str, float]]:
+    """Claim and complete `jobs` jobs of each variant from 2 connections each, in batches of 100, the
+    variants' databases taking turns batch round by batch round (qf_history.claim_side_by_side)."""
+    urls = {variant: _fill(admin_url, variant, jobs) for variant in variants}
     done = threading.Event()
 
-    def monitor() -> None:
+    def monitor(url: str) -> None:
         """What `qforge monitor` does every tick for concurrency keys (every variant runs it)."""
         with psycopg.connect(url, autocommit=True) as conn:
             while not done.wait(1.0):
                 conn.execute("SELECT concurrency_compact()")
 
-    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    barrier.wait()
-    started = time.perf_counter()
-    compactor = threading.Thread(target=monitor)
-    compactor.start()
-    for worker in workers:
-        worker.join()
-    elapsed = time.perf_counter() - started
-    done.set()
-    compactor.join()
-    if errors:
-        raise errors[0]
-    if sum(counts) != jobs:
-        raise RuntimeError(f"{variant}: claimed {sum(counts)} of {jobs} jobs")
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{DB_PREFIX}_{variant}" WITH (FORCE)')
-    return {"jobs_per_s": jobs / elapsed, "postgres_cpu_us_per_job": sum(server_ns) / 1000 / jobs,
-            "claims": sum(statements)}
+    compactors = [threading.Thread(target=monitor, args=(url,)) for url in urls.values()]
+    for compactor in compactors:
+        compactor.start()
+    try:
+        measured = claim_side_by_side(urls, jobs, complete=True)
+    finally:
+        done.set()
+        for compactor in compactors:
+            compactor.join()
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            for variant in variants:
+                admin.execute(f'DROP DATABASE IF EXISTS "{DB_PREFIX}_{variant}" WITH (FORCE)')
+    return {variant: {"jobs_per_s": figures["jobs_per_s"],
+                      "postgres_cpu_us_per_job": figures["server_cpu_us_per_job"]}
+            for variant, figures in measured.items()}
 
 
 def claim_cpu(admin_url: str, variant: str, jobs: int, *, batch: int = 100) -> dict[str, float]:
@@ -157,10 +130,10 @@ def claim_cpu(admin_url: str, variant: str, jobs: int, *, batch: int = 100) -> d
 def run_claim(admin_url: str, jobs: int, repeat: int, variants: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
     raw: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for rep in range(repeat):
-        for variant in variants:  # interleaved: drift on a shared machine hits every variant alike
-            raw[variant].append(claim_variant(admin_url, variant, jobs))
-            print(f"claim rep {rep + 1} {variant}: {raw[variant][-1]['jobs_per_s']:,.0f} jobs/s, "
-                  f"{raw[variant][-1]['postgres_cpu_us_per_job']:.1f} us PG CPU/job", file=sys.stderr)
+        for variant, figures in claim_variants(admin_url, variants, jobs).items():
+            raw[variant].append(figures)
+            print(f"claim rep {rep + 1} {variant}: {figures['jobs_per_s']:,.0f} jobs/s, "
+                  f"{figures['postgres_cpu_us_per_job']:.1f} us PG CPU/job", file=sys.stderr)
     out: dict[str, Any] = {"jobs": jobs}
     for variant in variants:
         out[variant] = {"jobs_per_s": summarize([r["jobs_per_s"] for r in raw[variant]]),

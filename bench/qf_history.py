@@ -198,16 +198,15 @@ def claim_throughput(url: str, pending: int, *, threads: int = 2, batch: int = 1
 
 def claim_side_by_side(urls: dict[str, str], pending: int, *, threads: int = 2, batch: int = 100,
                        complete: bool = False) -> dict[str, dict[str, float]]:
-    """claim_throughput on several databases at once, taking turns round by round: in a round one
-    database's `threads` connections each claim (and complete) a batch at once; the databases go
-    one after the other, the first alternating. A noisy moment of this machine (its speed swings by
-    a third within a minute) then falls on all of them alike, not on whichever ran then. Wall time
-    and server CPU are summed per database over its own rounds."""
+    """claim_throughput on several databases at once, each holding `pending` pending jobs (see
+    enqueue_pending), taking turns round by round: in a round one database's `threads`
+    connections each claim (and complete) a batch at once; the databases go one after the other,
+    the first alternating. A noisy moment of this machine (its speed swings by a third within a
+    minute) then falls on all of them alike, not on whichever ran then. Wall time and server CPU
+    are summed per database over its own rounds."""
     from qforge.commands.claim import claim
     from qforge.commands.report import Report, complete as complete_jobs
 
-    for url in urls.values():
-        enqueue_pending(url, pending)
     conns = {where: [psycopg.connect(url, autocommit=True) for _ in range(threads)] for where, url in urls.items()}
     seconds, counts, server_ns = dict.fromkeys(urls, 0.0), dict.fromkeys(urls, 0), dict.fromkeys(urls, 0)
 
@@ -230,7 +229,10 @@ def claim_side_by_side(urls: dict[str, str], pending: int, *, threads: int = 2, 
                     seconds[where] += time.perf_counter() - started
                     server_ns[where] += sum(map(backend_cpu_ns, pids)) - cpu_before
                     counts[where] += sum(got)
-                    if not any(got):  # SKIP LOCKED passes over the other claimer's rows only
+                    # Done when nothing is pending: a claim passes over rows (and keys) locked by
+                    # another claim rather than wait, so an empty one alone does not tell.
+                    if not any(got) and not conns[where][0].execute(
+                            "SELECT 1 FROM jobs WHERE status = 'pending' LIMIT 1").fetchone():
                         active.remove(where)
                 turn += 1
     finally:

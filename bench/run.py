@@ -166,6 +166,8 @@ def run_claim(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
             bench.created.add(bench.name("claim_empty"))
             urls = {"empty": qf_history.recreate_database(bench.admin_url, bench.name("claim_empty")),
                     "history": history_url}
+            for url in urls.values():
+                qf_history.enqueue_pending(url, args.claim_jobs)
             # Both claimed in turns, batch round by batch round (see claim_side_by_side).
             measured = qf_history.claim_side_by_side(urls, args.claim_jobs, complete=complete)
             for where, figures in measured.items():
