@@ -8,7 +8,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -130,6 +130,16 @@ def summarize(values: list[float]) -> dict[str, Any]:
     if not clean:
         return {"median": None, "min": None, "max": None, "values": values}
     return {"median": statistics.median(clean), "min": min(clean), "max": max(clean), "values": values}
+
+
+T = TypeVar("T")
+
+
+def in_turns(items: list[T], turn: int) -> list[T]:
+    """`items` starting at the turn-th (modulo): who goes first changes every turn, so that a
+    noisy moment of this machine does not always fall on the same side."""
+    first = turn % len(items)
+    return items[first:] + items[:first]
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:

@@ -28,7 +28,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import emit, load_queries, summarize, with_database  # noqa: E402
+from common import emit, in_turns, load_queries, summarize, with_database  # noqa: E402
 
 KEPT_HISTORY = "qf_bench_history"  # the one history run.py keeps (--keep-history) and reuses
 HISTORY_CHUNK_JOBS = 500_000  # one transaction each: bounded WAL per commit, visible progress
@@ -148,9 +148,6 @@ def claim_throughput(url: str, pending: int, *, threads: int = 2, batch: int = 1
                      complete: bool = False, timeline: list[tuple[float, int]] | None = None) -> dict[str, float]:
     """Claim (and optionally complete) `pending` jobs from `threads` connections in batches; jobs/s.
     `timeline`, when given, gets (time.monotonic(), jobs) for every batch done."""
-    from qforge.commands.claim import claim
-    from qforge.commands.report import Report, complete as complete_jobs
-
     enqueue_pending(url, pending)
     barrier = threading.Barrier(threads + 1)
     counts = [0] * threads
@@ -166,15 +163,12 @@ def claim_throughput(url: str, pending: int, *, threads: int = 2, batch: int = 1
                 barrier.wait()
                 cpu_before = backend_cpu_ns(backend)
                 while True:
-                    jobs = claim(conn, ["default"], batch, name)
-                    if not jobs:
+                    got = claim_batch(conn, batch, name, complete=complete)
+                    if not got:
                         break
-                    if complete:
-                        complete_jobs(conn, [Report(j.id, j.attempt, result=None) for j in jobs],
-                                      actor=name, workflow_ids_known=True)
-                    counts[index] += len(jobs)
+                    counts[index] += got
                     if timeline is not None:
-                        timeline.append((time.monotonic(), len(jobs)))
+                        timeline.append((time.monotonic(), got))
                 server_ns[index] = backend_cpu_ns(backend) - cpu_before
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -196,6 +190,19 @@ def claim_throughput(url: str, pending: int, *, threads: int = 2, batch: int = 1
             "server_cpu_us_per_job": sum(server_ns) / 1e3 / pending if all(server_ns) else None}
 
 
+def claim_batch(conn: psycopg.Connection, batch: int, name: str, *, complete: bool) -> int:
+    """One claim of up to `batch` jobs as a worker claims (and, with `complete`, their completion);
+    how many were claimed."""
+    from qforge.commands.claim import claim
+    from qforge.commands.report import Report, complete as complete_jobs
+
+    jobs = claim(conn, ["default"], batch, name)
+    if jobs and complete:
+        complete_jobs(conn, [Report(j.id, j.attempt, result=None) for j in jobs], actor=name,
+                      workflow_ids_known=True)
+    return len(jobs)
+
+
 def claim_side_by_side(urls: dict[str, str], pending: int, *, threads: int = 2, batch: int = 100,
                        complete: bool = False) -> dict[str, dict[str, float]]:
     """claim_throughput on several databases at once, each holding `pending` pending jobs (see
@@ -204,25 +211,18 @@ def claim_side_by_side(urls: dict[str, str], pending: int, *, threads: int = 2, 
     the first alternating. A noisy moment of this machine (its speed swings by a third within a
     minute) then falls on all of them alike, not on whichever ran then. Wall time and server CPU
     are summed per database over its own rounds."""
-    from qforge.commands.claim import claim
-    from qforge.commands.report import Report, complete as complete_jobs
-
     conns = {where: [psycopg.connect(url, autocommit=True) for _ in range(threads)] for where, url in urls.items()}
     seconds, counts, server_ns = dict.fromkeys(urls, 0.0), dict.fromkeys(urls, 0), dict.fromkeys(urls, 0)
 
     def step(conn: psycopg.Connection, name: str) -> int:
-        jobs = claim(conn, ["default"], batch, name)
-        if jobs and complete:
-            complete_jobs(conn, [Report(j.id, j.attempt, result=None) for j in jobs], actor=name,
-                          workflow_ids_known=True)
-        return len(jobs)
+        return claim_batch(conn, batch, name, complete=complete)
 
     names = [f"bench-claim-{i}" for i in range(threads)]
     try:
         with ThreadPoolExecutor(threads) as pool:
             active, turn = list(urls), 0
             while active:
-                for where in active[turn % len(active):] + active[:turn % len(active)]:
+                for where in in_turns(active, turn):
                     pids = [c.info.backend_pid for c in conns[where]]
                     cpu_before, started = sum(map(backend_cpu_ns, pids)), time.perf_counter()
                     got = list(pool.map(step, conns[where], names))

@@ -30,7 +30,7 @@ from qforge.commands.claim import claim  # noqa: E402
 from qforge.commands.enqueue import JobSpec, enqueue  # noqa: E402
 from qforge.migrate import migrate  # noqa: E402
 from qforge.sql import q  # noqa: E402
-from common import load_queries  # noqa: E402
+from common import in_turns, load_queries  # noqa: E402
 
 TEMPLATE = "qf_bench_variants_tpl"
 SCRATCH = "qf_bench_variants"
@@ -114,13 +114,13 @@ def measure_side_by_side(runs: list[Run], jobs: int, batch: int) -> None:
     """Every run enqueues `jobs` and drains them, taking turns batch by batch (the first of each turn
     alternating), so that a noisy neighbour's bursts fall on all of them alike."""
     for turn, first in enumerate(range(0, jobs, 1000)):
-        for run in runs[turn % len(runs):] + runs[:turn % len(runs)]:
+        for run in in_turns(runs, turn):
             run.enqueue(min(1000, jobs - first))
     for run in runs:
         run.conn.execute("ANALYZE jobs")
     active, turn = list(runs), 0
     while active:
-        for run in active[turn % len(active):] + active[:turn % len(active)]:
+        for run in in_turns(active, turn):
             if not run.drain(batch):
                 active.remove(run)
         turn += 1
