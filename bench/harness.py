@@ -22,6 +22,7 @@ import psycopg
 from psycopg import sql
 
 from common import CpuWindow, parse_result, percentile, read_latency_files, with_database
+from perf_profile import Recording
 from qforge.cli.progress import Progress
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -136,6 +137,7 @@ class Bench:
                 started = time.perf_counter()
                 cpu = CpuWindow({"workers": self._worker_pids(workers),
                                  "postgres": self._server_pids(probe, system.database)})
+                recording = Recording(f"{system.name}-drain")  # only with BENCH_PERF_DIR (perf_profile.py)
                 # Progress on stderr from the log's high-water mark (one index probe a second,
                 # so the reporting costs the measured systems nothing noticeable).
                 with Progress(f"{system.name} drain", unit="log entries") as shown:
@@ -149,8 +151,9 @@ class Bench:
                             reported = time.monotonic()
                         time.sleep(POLL_END_SECONDS)
                 elapsed = time.perf_counter() - started
-                used = cpu.stop(late={"workers": self._worker_pids(workers),
-                                      "postgres": self._server_pids(probe, system.database)})
+                late = {"workers": self._worker_pids(workers), "postgres": self._server_pids(probe, system.database)}
+                used = cpu.stop(late=late)
+                recording.stop(jobs=jobs, groups={name: cpu.groups[name] | pids for name, pids in late.items()})
             finally:
                 self.stop_workers(workers)
             done = probe.execute(system.done_count_sql).fetchone()[0]

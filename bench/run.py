@@ -37,6 +37,7 @@ import psycopg  # noqa: E402
 
 from common import parse_result, summarize  # noqa: E402
 from harness import Bench, System, ensure_peers_venv, python_of  # noqa: E402
+from perf_profile import Recording  # noqa: E402
 from qf_history import KEPT_HISTORY  # noqa: E402
 from report import goals, markdown_table  # noqa: E402
 
@@ -107,7 +108,9 @@ def run_drain(bench: Bench, systems: dict[str, System], args: argparse.Namespace
             jobs = args.procrastinate_jobs if name == "procrastinate" else args.jobs
             bench.fresh_database(system.database)
             bench.driver(system, "setup")
+            recording = Recording(f"{name}-enqueue")  # only with BENCH_PERF_DIR (perf_profile.py)
             enqueued = bench.driver(system, "enqueue", "--jobs", str(jobs), "--batch", "1000")
+            recording.stop(jobs=jobs, by_command={"postgres": "postgres", "python": "client"})
             drained = bench.drain(system, jobs)
             raw[name]["enqueue"].append(enqueued)
             raw[name]["drain"].append(drained)
