@@ -120,13 +120,18 @@ def enqueue_span(**values: Any) -> Iterator[Traced]:
         yield Traced(span, carrier or None)
 
 
-@contextlib.contextmanager
-def run_span(job: Any) -> Iterator[None]:
+def run_span(job: Any) -> contextlib.AbstractContextManager[None]:
     """The qforge.run span of one attempt (a consumer span whose parent is the enqueuer's span,
-    from the job's stored context); an exception is recorded and marks it as an error."""
-    if not active():
-        yield
-        return
+    from the job's stored context); an exception is recorded and marks it as an error.
+    Without tracing, one shared do-nothing context (this is on every job's path)."""
+    return _run_span(job) if active() else _NO_SPAN
+
+
+_NO_SPAN = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _run_span(job: Any) -> Iterator[None]:
     from opentelemetry import propagate, trace
 
     parent = propagate.extract(job.trace or {})

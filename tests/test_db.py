@@ -52,6 +52,24 @@ def test_connect_defaults_to_transactions(db_url: str) -> None:
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
 
 
+def test_worker_connections_read_json_exactly_as_json_loads_does(db_url: str) -> None:
+    import json
+
+    from qforge.workers.connection import connect as worker_connect
+
+    values = ['{}', '{"n": 123456789012345678901234567890, "f": 1.5e300, "s": "\\u00e9\\u2028 \\"q\\""}',
+              '[1, {"a": [null, true, false]}]', '"text"', '12.50', 'null', '{"": {}}']
+    with worker_connect(db_url, "test-json") as conn:
+        for text in values:
+            for cast in ("json", "jsonb"):
+                canonical = conn.execute(f"SELECT %s::{cast}::text", (text,)).fetchone()[0]
+                got = conn.execute(f"SELECT %s::{cast}", (text,)).fetchone()[0]
+                assert got == json.loads(canonical) and type(got) is type(json.loads(canonical)), (cast, text)
+        first, second = conn.execute("SELECT '{}'::jsonb, '{}'::jsonb").fetchone()
+        first["changed"] = True
+        assert second == {}  # every empty object is a new dict: a task may change its payload
+
+
 def test_pools_open_ready_and_pass_connection_options(db_url: str) -> None:
     from psycopg.rows import dict_row
 

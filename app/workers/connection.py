@@ -7,7 +7,7 @@ from typing import Any, Callable, TypeVar
 
 import psycopg
 
-from qforge.db import CONNECT_TIMEOUT_SECONDS, KEEPALIVES, Backoff  # noqa: F401  (re-exported)
+from qforge.db import CONNECT_TIMEOUT_SECONDS, KEEPALIVES, Backoff, use_fast_json  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -22,14 +22,18 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (psycopg.OperationalError, p
 
 def connect(url: str, application_name: str, **kwargs: Any) -> psycopg.Connection:
     """An autocommit connection (so each command's transaction() is a real transaction)."""
-    return psycopg.connect(url, autocommit=True, application_name=application_name[:63],
+    conn = psycopg.connect(url, autocommit=True, application_name=application_name[:63],
                            connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES, **kwargs)
+    use_fast_json(conn)
+    return conn
 
 
 async def connect_async(url: str, application_name: str) -> psycopg.AsyncConnection:
-    return await psycopg.AsyncConnection.connect(
+    conn = await psycopg.AsyncConnection.connect(
         url, autocommit=True, application_name=application_name[:63],
         connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES)
+    use_fast_json(conn)
+    return conn
 
 
 class Reconnecting:

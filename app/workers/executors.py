@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from qforge.workers.sandbox import TaskPolicy, resolve
-from qforge.workers.tasks import TaskContext, TaskError, get_task
+from qforge.workers.tasks import RESULT_CHECK, TaskContext, TaskError, get_task
 
 __all__ = ["TaskError", "execute"]
 
@@ -50,8 +50,8 @@ async def execute(
     else:
         result = await run_python(task, payload, ctx, thread_pool)
     try:
-        # allow_nan=False: PostgreSQL's jsonb rejects NaN and Infinity.
-        json.dumps(result, allow_nan=False)
+        if result is not None:
+            RESULT_CHECK.encode(result)
     except (TypeError, ValueError) as exc:
         raise TaskError(f"task {task!r} returned a result that is not JSON-serialisable: {exc}") from exc
     return result

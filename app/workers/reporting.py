@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
@@ -13,7 +12,7 @@ from qforge.commands import report
 from qforge.commands.claim import ClaimedJob
 from qforge.commands.report import Outcome, Report
 from qforge.workers.connection import TRANSIENT_ERRORS, describe
-from qforge.workers.tasks import TaskError
+from qforge.workers.tasks import RESULT_CHECK, TaskError
 
 log = logging.getLogger("qforge.worker")
 
@@ -106,7 +105,7 @@ def _storable(result: Any) -> Any:
     if result is None:
         return None
     try:
-        json.dumps(result, allow_nan=False)
+        RESULT_CHECK.encode(result)
     except (TypeError, ValueError):
         return None
     return result

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -12,6 +13,10 @@ from typing import Any, Callable
 from uuid import UUID
 
 from qforge.workers.sandbox import TaskPolicy
+
+# Whether a task's result can be stored: allow_nan=False, as PostgreSQL's jsonb rejects NaN and
+# Infinity. One encoder for every job (json.dumps with an argument builds a new one per call).
+RESULT_CHECK = json.JSONEncoder(allow_nan=False)
 
 # Handled by executors.py before the registry is consulted, so a Python task of
 # the same name could never run.
