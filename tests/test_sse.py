@@ -285,3 +285,33 @@ def test_cached_batches_filter_by_key_and_unfiltered_ones_are_shared() -> None:
     assert hub.batch_after((100, 0), 10) is shared  # joined once for every unfiltered subscriber
     assert hub.batch_after((100, 1), 1) == ((100, 2), 1, hub.cache[1].sse)
     assert hub.batch_after((99, 5), 10) is None  # behind the cache: the subscriber reads the log
+
+
+def test_a_reader_whose_plan_was_made_on_an_empty_log_still_looks_tags_up_by_key(db_url):
+    """The hub's (and GET /events') read is a prepared statement: after a few runs its plan is
+    cached for the session. Made while jobs was nearly empty (a new database, before autovacuum's
+    first ANALYZE), it scanned jobs for the tags of every untagged event: pages got slower as jobs
+    grew, and the benchmark's SSE lag reached 2 s. jobs' sequential-scan counter must not move
+    while a reader pages through thousands of such events."""
+    from qforge.events.store import START, cursor_of, read_after
+
+    def seq_scans(conn) -> int:
+        return conn.execute("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'jobs'").fetchone()[0]
+
+    with psycopg.connect(db_url, autocommit=True) as writer, psycopg.connect(db_url, autocommit=True) as reader:
+        writer.execute("ALTER TABLE jobs SET (autovacuum_enabled = false)")  # no ANALYZE to re-plan midway
+        writer.execute("ANALYZE jobs")  # as a new database has it: jobs known to be empty
+        for _ in range(12):  # enough runs for a prepared statement to settle on its generic plan
+            enqueue(writer, [JobSpec(task="echo")])
+            read_after(reader, START)
+        enqueue(writer, [JobSpec(task="echo") for _ in range(3000)])
+        reader.execute("SELECT pg_stat_force_next_flush()")
+        before = seq_scans(writer)
+        cursor, seen = START, 0
+        while page := read_after(reader, cursor, limit=500):
+            seen += len(page)
+            assert all(event.tags == {} for event in page)
+            cursor = cursor_of(page[-1])
+        reader.execute("SELECT pg_stat_force_next_flush()")
+        assert seen == 3012
+        assert seq_scans(writer) - before <= 1, "the read scanned jobs instead of looking streams up by key"

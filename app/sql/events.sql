@@ -58,19 +58,11 @@ SELECT e.position, e.xid, e.stream_type, e.stream_id, e.version, e.type,
 -- name: events_after
 -- The gapless read of the global log: only transactions that no running
 -- transaction can precede any more (xid below the snapshot's xmin) are
--- visible, in (xid, position) order, so a late commit is never skipped.
-SELECT e.position, e.xid, e.stream_type, e.stream_id, e.version, e.type,
-       event_upcast_version(e.type, e.schema_version) AS schema_version,
-       event_read_data(e.type, e.schema_version, e.data, e.actor, e.occurred_at) AS data,
-       -- Tags are stored on a stream's first event; later ones take them from
-       -- the stream's row, looked up by key only for them (a join would have
-       -- the planner hash a whole projection for a page of 500).
-       coalesce(e.tags,
-                CASE e.stream_type WHEN 'job' THEN (SELECT j.tags FROM jobs j WHERE j.id = e.stream_id)
-                                   WHEN 'workflow' THEN (SELECT w.tags FROM workflows w WHERE w.id = e.stream_id)
-                END, '{}') AS tags,
+-- visible, in (xid, position) order, so a late commit is never skipped
+-- (events_after_page; events_after_read adds what readers see).
+SELECT e.position, e.xid, e.stream_type, e.stream_id, e.version, e.type, e.schema_version, e.data, e.tags,
        e.workflow_id, e.occurred_at, e.actor
-  FROM events_after_page(%(after_xid)s::xid8, %(after_position)s::bigint, %(limit)s) e
+  FROM events_after_read(%(after_xid)s::xid8, %(after_position)s::bigint, %(limit)s) e
  ORDER BY e.xid, e.position
 
 -- name: events_tail_cursor
