@@ -147,3 +147,23 @@ def test_a_refused_report_rolls_the_exchange_back_and_it_is_written_again_report
     # each claimed once: the rolled-back first try claimed nothing that stayed claimed
     assert job(conn, more[0].id)["attempts"] == 1
     assert [e.type for e in history(conn, more[0].id)] == ["Enqueued", "Claimed"]
+
+
+def test_the_hot_path_builders_make_the_same_objects_as_the_constructors() -> None:
+    """claim's and succeeded()'s builders skip the frozen dataclasses' __init__ for speed: they must
+    still fill every field (a field added to ClaimedJob or Report without them fails here)."""
+    import dataclasses
+    from uuid import uuid4
+
+    from qforge.commands.claim import ClaimedJob, _claimed
+    from qforge.commands.report import Report
+    from qforge.workers.reporting import succeeded
+
+    row = (uuid4(), "task", "queue", {"a": 1}, 2, 3.5, uuid4(), "step", {"k": "v"}, {"traceparent": "x"})
+    assert len(row) == len(dataclasses.fields(ClaimedJob))
+    job = _claimed(row)
+    assert job == ClaimedJob(*row) and vars(job) == vars(ClaimedJob(*row))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.attempt = 3
+    report = succeeded(job, {"out": 1})
+    assert vars(report) == vars(Report(job.id, job.attempt, result={"out": 1}, workflow_id=job.workflow_id))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import weakref
 from dataclasses import dataclass
@@ -64,9 +65,18 @@ def claim(conn, queues: list[str], limit: int, worker: str, *,
                 rows = None
         if rows is None:
             rows = cur.execute(q("job_claim"), params).fetchall()
-        return [ClaimedJob(*row) for row in rows]
+        return [_claimed(row) for row in rows]
 
 
+def _claimed(row: tuple) -> ClaimedJob:
+    """ClaimedJob(*row) without the frozen dataclass's per-field object.__setattr__ (1.1 -> 0.6 µs,
+    once per claimed job)."""
+    job = object.__new__(ClaimedJob)
+    job.__dict__.update(zip(_CLAIMED_FIELDS, row))
+    return job
+
+
+_CLAIMED_FIELDS = tuple(f.name for f in dataclasses.fields(ClaimedJob))
 FLOW_MEMORY_SECONDS = 1.0
 # connection -> queues -> when job_claim_plain last said "not plain" (time.monotonic())
 _flow_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

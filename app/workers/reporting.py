@@ -24,7 +24,12 @@ class JobTimedOut(Exception):
 
 
 def succeeded(job: ClaimedJob, result: Any) -> Report:
-    return Report(job.id, job.attempt, result=result, workflow_id=job.workflow_id)
+    """Report(job.id, job.attempt, result=result, workflow_id=job.workflow_id), without the frozen
+    dataclass's per-field object.__setattr__ (once per finished job)."""
+    report = object.__new__(Report)
+    report.__dict__.update(job_id=job.id, attempt=job.attempt, result=result, error=None, reason="error",
+                           workflow_id=job.workflow_id)
+    return report
 
 
 def failed(job: ClaimedJob, exc: Exception) -> Report:
