@@ -29,6 +29,7 @@ from psycopg.types.json import Jsonb
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import emit, in_turns, load_queries, summarize, with_database  # noqa: E402
+from perf_profile import Recording  # noqa: E402
 
 KEPT_HISTORY = "qf_bench_history"  # the one history run.py keeps (--keep-history) and reuses
 HISTORY_CHUNK_JOBS = 500_000  # one transaction each: bounded WAL per commit, visible progress
@@ -218,6 +219,8 @@ def claim_side_by_side(urls: dict[str, str], pending: int, *, threads: int = 2, 
         return claim_batch(conn, batch, name, complete=complete)
 
     names = [f"bench-claim-{i}" for i in range(threads)]
+    # With BENCH_PERF_DIR (perf_profile.py): each database's backends are a group of their own.
+    recording = Recording("claim-complete" if complete else "claim")
     try:
         with ThreadPoolExecutor(threads) as pool:
             active, turn = list(urls), 0
@@ -231,11 +234,15 @@ def claim_side_by_side(urls: dict[str, str], pending: int, *, threads: int = 2, 
                     counts[where] += sum(got)
                     # Done when nothing is pending: a claim passes over rows (and keys) locked by
                     # another claim rather than wait, so an empty one alone does not tell.
+                    # (The bench's jobs are plain: the probe walks jobs_claim_plain, not the history.)
                     if not any(got) and not conns[where][0].execute(
-                            "SELECT 1 FROM jobs WHERE status = 'pending' LIMIT 1").fetchone():
+                            "SELECT 1 FROM jobs WHERE status = 'pending' AND concurrency_key IS NULL"
+                            " AND fairness_key IS NULL LIMIT 1").fetchone():
                         active.remove(where)
                 turn += 1
     finally:
+        recording.stop(jobs=pending, groups={where: {c.info.backend_pid for c in opened}
+                                             for where, opened in conns.items()})
         for opened in conns.values():
             for conn in opened:
                 conn.close()
