@@ -335,6 +335,85 @@ def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_
     }
 
 
+def run_scale(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_dir: Path, log=print,
+              reuse: bool = False, keep: bool = False) -> dict[str, Any]:
+    jobs = events // 3
+    history_url = with_database(admin_url, SCALE_HISTORY)
+    generated = _kept_history(history_url, jobs) if reuse else None
+    if generated is None:
+        log(f"scale: generating {jobs:,} finished jobs ({events:,} events)")
+        history_url = qf_history.recreate_database(admin_url, SCALE_HISTORY)
+        generated = qf_history.generate_history(history_url, jobs, log=lambda m: None)
+        log(f"scale: history generated in {generated['total_s']:.0f}s, events {generated['events_bytes'] / 1e9:.2f} GB")
+    with psycopg.connect(history_url, autocommit=True) as conn:
+        log(f"scale: next position {conn.execute('SELECT log_next_position()').fetchone()[0]}")
+    empty_name = f"qf_bench_scale_empty_{os.getpid()}"
+    empty_url = qf_history.recreate_database(admin_url, empty_name)
+    apis = {"history": Api(history_url, log_dir, "history"), "empty": Api(empty_url, log_dir, "empty")}
+    urls = {"history": history_url, "empty": empty_url}
+    rng = random.Random(7)
+    raw: dict[str, dict[str, list[float]]] = {"history": {}, "empty": {}}
+    try:
+        for rep in range(repeat):
+            for where in (("empty", "history") if rep % 2 == 0 else ("history", "empty")):
+                figures = measure(urls[where], apis[where], rng, rep, where, claim_jobs)
+                for key, value in figures.items():
+                    raw[where].setdefault(key, []).append(value)
+            log("scale rep {}: ".format(rep + 1) + ", ".join(
+                f"{k} {raw['history'][k][-1] / raw['empty'][k][-1]:.2f}x" for k in raw["history"]))
+    finally:
+        for api in apis.values():
+            api.close()
+    ratios = {key: summarize([h / e for h, e in zip(raw["history"][key], raw["empty"][key])])
+              for key in raw["history"]}
+    # Drain with and without an archive running on the large log.
+    directory = Path(tempfile.mkdtemp(prefix="qf-scale-archive-", dir=str(log_dir)))
+    with psycopg.connect(history_url, autocommit=True) as conn:
+        size_before = conn.execute(qf_history.QUERIES["history_sizes"]).fetchone()[0]
+        events_before = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+        log(f"scale: {events_before:,} events in the log before the archive; partitions "
+            + ", ".join(f"[{lo}, {hi})" for lo, hi in conn.execute("SELECT lower, upper FROM log_partitions()"))
+            + f"; next position {conn.execute('SELECT log_next_position()').fetchone()[0]}")
+    without, during = [], []
+    archiver = None
+    try:
+        for rep in range(repeat):
+            without.append(drain_rate(history_url, claim_jobs))
+            if archiver is None:
+                archiver = archive_run(history_url, directory, log_dir / "scale-archive.log")
+                time.sleep(3)  # past closing and settling: into writing segments
+            if archiver.poll() is None:
+                during.append(drain_rate(history_url, claim_jobs))
+        started = time.perf_counter()
+        archiver.wait(timeout=7200)
+        archive_tail = time.perf_counter() - started
+    finally:
+        if archiver is not None and archiver.poll() is None:
+            os.killpg(archiver.pid, signal.SIGKILL)
+    output = (log_dir / "scale-archive.log").read_text()
+    manifests = [json.loads(p.read_text()) for p in directory.glob("*.manifest.json")]
+    archived_events = sum(m["events"] for m in manifests)
+    archived_raw = sum(m["raw_bytes"] for m in manifests)
+    archived_bytes = sum(m["bytes"] for m in manifests)
+    seconds = _archive_seconds(output)
+    shutil.rmtree(directory, ignore_errors=True)
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{empty_name}" WITH (FORCE)')
+        if not keep:  # (a kept one has been archived: --reuse regenerates it)
+            admin.execute(f'DROP DATABASE IF EXISTS "{SCALE_HISTORY}" WITH (FORCE)')
+    return {
+        "events": events, "history": generated, "raw": raw, "ratios": ratios,
+        "drain_without_archive": summarize(without), "drain_during_archive": summarize(during) if during else None,
+        "drain_ratio": statistics.median(during) / statistics.median(without) if during else None,
+        "archive": {"events": archived_events, "seconds": seconds,
+                    "events_per_s": archived_events / seconds if seconds else None,
+                    "tail_wait_s": archive_tail, "exit": archiver.returncode if archiver else None},
+        "bytes_per_event": {"database": size_before / events_before if events_before else None,
+                            "archive_raw": archived_raw / archived_events if archived_events else None,
+                            "archive_compressed": archived_bytes / archived_events if archived_events else None},
+    }
+
+
 def _variants(given: list[str]) -> dict[str, list[str]]:
     variants = {}
     for text in given or ["archive="]:
