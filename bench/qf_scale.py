@@ -15,6 +15,7 @@ bytes per event in the database and in the archive.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -121,10 +122,12 @@ def read_figures(api: Api, url: str, rng: random.Random) -> dict[str, float]:
     if len(ids) < REQUESTS:
         ids = sample(url, "SELECT id FROM jobs WHERE status = 'succeeded' LIMIT %s", REQUESTS)
     tags = sample(url, "SELECT value FROM execution_tags TABLESAMPLE SYSTEM (1) WHERE key = 'order' LIMIT %s",
-                  REQUESTS) or sample(url, "SELECT value FROM execution_tags WHERE key = 'order' LIMIT %s", REQUESTS)
+                  REQUESTS)
+    if len(tags) < REQUESTS:  # a small table's 1% of pages may hold fewer (the empty database's)
+        tags = sample(url, "SELECT value FROM execution_tags WHERE key = 'order' LIMIT %s", REQUESTS)
     rng.shuffle(ids)
     rng.shuffle(tags)
-    it_ids, it_tags = iter(ids * 2), iter(tags * 2)
+    it_ids, it_tags = itertools.cycle(ids), itertools.cycle(tags)
 
     def events() -> None:
         response = api.client.get(f"/jobs/{next(it_ids)}/events")
@@ -339,12 +342,18 @@ def run_scale(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_
               reuse: bool = False, keep: bool = False) -> dict[str, Any]:
     jobs = events // 3
     history_url = with_database(admin_url, SCALE_HISTORY)
-    generated = _kept_history(history_url, jobs) if reuse else None
+    generated = _kept_history(history_url, jobs, any_schema=True) if reuse else None
     if generated is None:
         log(f"scale: generating {jobs:,} finished jobs ({events:,} events)")
         history_url = qf_history.recreate_database(admin_url, SCALE_HISTORY)
         generated = qf_history.generate_history(history_url, jobs, log=lambda m: None)
         log(f"scale: history generated in {generated['total_s']:.0f}s, events {generated['events_bytes'] / 1e9:.2f} GB")
+    else:  # the kept history is upgraded to this checkout's schema (as run_drain does)
+        from qforge.migrate import migrate
+
+        with psycopg.connect(history_url, autocommit=True) as conn:
+            migrate(conn)
+        log(f"scale: reusing the kept history of {jobs:,} jobs")
     with psycopg.connect(history_url, autocommit=True) as conn:
         log(f"scale: next position {conn.execute('SELECT log_next_position()').fetchone()[0]}")
     empty_name = f"qf_bench_scale_empty_{os.getpid()}"

@@ -315,3 +315,26 @@ def test_a_reader_whose_plan_was_made_on_an_empty_log_still_looks_tags_up_by_key
         reader.execute("SELECT pg_stat_force_next_flush()")
         assert seen == 3012
         assert seq_scans(writer) - before <= 1, "the read scanned jobs instead of looking streams up by key"
+
+
+def test_the_gapless_page_read_is_never_jit_compiled(db_url):
+    """events_after_page is planned with its arguments unknown, so its LIMIT is costed as a tenth of
+    the log; on a 50M-event log that cost crossed JIT's thresholds and every page spent 163 ms
+    compiling a 0.4 ms read. JIT is off in the function. Where the server can JIT at all, a page
+    read with every JIT threshold at zero must still show no JIT in its plan."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        config = conn.execute("SELECT proconfig FROM pg_proc WHERE proname = 'events_after_page'").fetchone()[0]
+        assert "jit=off" in config
+        enqueue(conn, [JobSpec(task="echo")])
+        if not conn.execute("SELECT pg_jit_available()").fetchone()[0]:
+            return  # this server has no JIT provider: the setting above is all there is to check
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        for statement in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                          "SET auto_explain.log_nested_statements = on", "SET auto_explain.log_analyze = on",
+                          "SET auto_explain.log_level = notice", "SET jit = on", "SET jit_above_cost = 0",
+                          "SET jit_inline_above_cost = 0", "SET jit_optimize_above_cost = 0"):
+            conn.execute(statement)
+        conn.execute("SELECT count(*) FROM events_after_page('0'::xid8, 0, 500)").fetchone()
+        inner = [n for n in notices if "LIMIT page" in n]
+        assert inner and not any("JIT:" in n for n in inner), inner
