@@ -262,18 +262,7 @@ def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_
     counts every round drained while the archive ran, so every step of the archive
     (writing, read-back, release, detach, drop) weighs in."""
     jobs = events // 3
-    template_url = with_database(admin_url, name)
-    generated = _kept_history(template_url, jobs, any_schema=True) if reuse else None
-    if generated is None:
-        log(f"drain: generating {jobs:,} finished jobs ({events:,} events) in {name}")
-        template_url = qf_history.recreate_database(admin_url, name)
-        generated = qf_history.generate_history(template_url, jobs, log=lambda m: None)
-        log(f"drain: history generated in {generated['total_s']:.0f}s")
-    else:  # the kept history is upgraded to this checkout's schema (functions the archive calls)
-        from qforge.migrate import migrate
-
-        with psycopg.connect(template_url, autocommit=True) as conn:
-            migrate(conn)
+    template_url, generated = _history(admin_url, name, jobs, reuse=reuse, log=log, label="drain")
     copy = f"{name}_copy"
     copy_url = with_database(admin_url, copy)
     sides = ["without", *variants]
@@ -341,19 +330,7 @@ def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_
 def run_scale(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_dir: Path, log=print,
               reuse: bool = False, keep: bool = False) -> dict[str, Any]:
     jobs = events // 3
-    history_url = with_database(admin_url, SCALE_HISTORY)
-    generated = _kept_history(history_url, jobs, any_schema=True) if reuse else None
-    if generated is None:
-        log(f"scale: generating {jobs:,} finished jobs ({events:,} events)")
-        history_url = qf_history.recreate_database(admin_url, SCALE_HISTORY)
-        generated = qf_history.generate_history(history_url, jobs, log=lambda m: None)
-        log(f"scale: history generated in {generated['total_s']:.0f}s, events {generated['events_bytes'] / 1e9:.2f} GB")
-    else:  # the kept history is upgraded to this checkout's schema (as run_drain does)
-        from qforge.migrate import migrate
-
-        with psycopg.connect(history_url, autocommit=True) as conn:
-            migrate(conn)
-        log(f"scale: reusing the kept history of {jobs:,} jobs")
+    history_url, generated = _history(admin_url, SCALE_HISTORY, jobs, reuse=reuse, log=log, label="scale")
     with psycopg.connect(history_url, autocommit=True) as conn:
         log(f"scale: next position {conn.execute('SELECT log_next_position()').fetchone()[0]}")
     empty_name = f"qf_bench_scale_empty_{os.getpid()}"
@@ -431,6 +408,26 @@ def _variants(given: list[str]) -> dict[str, list[str]]:
             raise SystemExit(f"--archive-variant NAME=ARGS, NAME unique and not 'without': {text!r}")
         variants[name] = arguments.split()
     return variants
+
+
+def _history(admin_url: str, name: str, jobs: int, *, reuse: bool, log, label: str) -> tuple[str, dict[str, Any]]:
+    """(URL, generation record) of a history of `jobs` finished jobs in database `name`: with reuse,
+    the kept one, upgraded to this checkout's schema (the functions it is measured with); else a
+    new one."""
+    url = with_database(admin_url, name)
+    generated = _kept_history(url, jobs, any_schema=True) if reuse else None
+    if generated is None:
+        log(f"{label}: generating {jobs:,} finished jobs ({3 * jobs:,} events) in {name}")
+        url = qf_history.recreate_database(admin_url, name)
+        generated = qf_history.generate_history(url, jobs, log=lambda m: None)
+        log(f"{label}: history generated in {generated['total_s']:.0f}s, events {generated['events_bytes'] / 1e9:.2f} GB")
+    else:
+        from qforge.migrate import migrate
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            migrate(conn)
+        log(f"{label}: reusing the kept history of {jobs:,} jobs in {name}")
+    return url, generated
 
 
 def _kept_history(url: str, jobs: int, *, any_schema: bool = False) -> dict[str, Any] | None:
