@@ -99,7 +99,7 @@ class Recording:
             return
         self.path = Path(folder)
         self.path.mkdir(parents=True, exist_ok=True)
-        existing = len(list(self.path.glob(f"{name}-*.data")))
+        existing = len(list(self.path.glob(f"{name}-[0-9]*.data")))  # not "claim-complete-1" for "claim"
         self.stem = self.path / f"{name}-{existing + 1}"
         self.process = subprocess.Popen(
             ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(FREQUENCY), "-a",

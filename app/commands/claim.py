@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 import weakref
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Iterable, TypeVar
 from uuid import UUID
 
 from psycopg.rows import tuple_row
 
 from qforge.commands import tx
 from qforge.sql import q
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -69,11 +72,24 @@ def claim(conn, queues: list[str], limit: int, worker: str, *,
 
 
 def _claimed(row: tuple) -> ClaimedJob:
-    """ClaimedJob(*row) without the frozen dataclass's per-field object.__setattr__ (1.1 -> 0.6 µs,
-    once per claimed job)."""
-    job = object.__new__(ClaimedJob)
-    job.__dict__.update(zip(_CLAIMED_FIELDS, row))
-    return job
+    """ClaimedJob(*row), once per claimed job (see frozen_record)."""
+    return frozen_record(ClaimedJob, zip(_CLAIMED_FIELDS, row))
+
+
+def frozen_record(cls: type[T], values: Iterable[tuple[str, Any]] | dict[str, Any]) -> T:
+    """An instance of the frozen dataclass `cls` from `values` (name -> value, for at least every
+    field without a default), without its __init__: that sets each field through
+    object.__setattr__, which costs more than filling the instance's dict (ClaimedJob: 1.3 -> 0.8 µs).
+    For the worker's per-job records (claimed jobs, success reports)."""
+    record = object.__new__(cls)
+    record.__dict__.update(_defaults(cls))
+    record.__dict__.update(values)
+    return record
+
+
+@functools.cache
+def _defaults(cls: type) -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
 
 
 _CLAIMED_FIELDS = tuple(f.name for f in dataclasses.fields(ClaimedJob))

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 
 from qforge.commands import report
-from qforge.commands.claim import ClaimedJob
+from qforge.commands.claim import ClaimedJob, frozen_record
 from qforge.commands.report import Outcome, Report
 from qforge.workers.connection import TRANSIENT_ERRORS, describe
 from qforge.workers.tasks import RESULT_CHECK, TaskError
@@ -24,12 +24,10 @@ class JobTimedOut(Exception):
 
 
 def succeeded(job: ClaimedJob, result: Any) -> Report:
-    """Report(job.id, job.attempt, result=result, workflow_id=job.workflow_id), without the frozen
-    dataclass's per-field object.__setattr__ (once per finished job)."""
-    report = object.__new__(Report)
-    report.__dict__.update(job_id=job.id, attempt=job.attempt, result=result, error=None, reason="error",
-                           workflow_id=job.workflow_id)
-    return report
+    """Report(job.id, job.attempt, result=result, workflow_id=job.workflow_id), once per finished job
+    (see frozen_record)."""
+    return frozen_record(Report, {"job_id": job.id, "attempt": job.attempt, "result": result,
+                                  "workflow_id": job.workflow_id})
 
 
 def failed(job: ClaimedJob, exc: Exception) -> Report:
