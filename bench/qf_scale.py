@@ -231,6 +231,10 @@ def drain_rounds(url: str, jobs: int, keep_going: Callable[[], bool], timeline: 
     archive running, only rounds it ran through all along count."""
     done, seconds, cpu_us, n = 0, 0.0, 0.0, 0
     while (rounds is None or n < rounds) and keep_going():
+        # What the monitor's leader does on every tick: without it, a long archive's
+        # drain ran past the partitions made ahead ("no partition ... found for row").
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT log_maintain()")
         mark = len(timeline)
         figures = qf_history.claim_throughput(url, jobs, complete=True, timeline=timeline)
         if not keep_going():
@@ -295,6 +299,9 @@ def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_
                         if (m := re.search(r"archived \d+ segment\(s\), ([\d,]+) events", line)))
             archives[side].append({"seconds": seconds, "events": total, "events_per_s": total / seconds,
                                    "phases": drain_phases(archive, timeline)})
+            log(f"  {side}: {figures[side][-1]['jobs_per_s'] or 0:.0f} jobs/s during the archive"
+                f" ({figures[side][-1]['beside_ratio']:.2f}x of just before+after);"
+                f" {archive.lines[-1][1] if archive.lines else ''}")
         line = [f"drain rep {rep + 1}: without {figures['without'][-1]['jobs_per_s']:.0f} jobs/s"
                 f" ({figures['without'][-1]['server_cpu_us_per_job']:.0f} us/job)"]
         for side in variants:

@@ -88,7 +88,7 @@ def test_archive_writes_verified_segments_and_the_read_model_keeps_only_what_is_
         monkeypatch.setattr(archive_module, "RELEASE_WINDOW", windows[1])
     work = workload(conn)
     events_before = count(conn, "SELECT count(*) FROM events")
-    done = archive(conn, scratch_dir, close_current=True, duty=1)
+    done = archive(conn, scratch_dir, close_current=True, duty=1, busy_duty=1)
     assert len(done.segments) >= 2 and done.events == events_before and done.rested == 0
     assert count(conn, "SELECT count(*) FROM events") == 0
     assert count(conn, "SELECT count(*) FROM archive_segments WHERE state = 'dropped'") == len(done.segments)
@@ -197,6 +197,86 @@ def test_a_paced_archive_rests_and_archives_the_same(conn, scratch_dir, capsys):
     capsys.readouterr()
     assert cli(["archive", "--to", str(scratch_dir), "--duty", "1.5"]) == 2
     assert "--duty is a share of the time" in capsys.readouterr().err
+
+
+def test_awkward_text_leaves_the_database_byte_for_byte(conn, scratch_dir):
+    small_partitions(conn)
+    payload = {"path": "C:\\temp\\new", "quote": 'say "hi"', "lines": "a\nb\tc\\n", "unicode": "žluť 🐍",
+               "escaped": "\\u0000 \\\\ \\"}
+    enqueue(conn, [JobSpec(task="echo", payload=payload, tags={"k": "back\\slash \"q\""})], actor="test")
+    run_all(conn)
+    stored = {r["position"]: (r["data"], r["tags"]) for r in conn.execute(
+        "SELECT position, data::text AS data, tags::text AS tags FROM events")}
+    assert any("\\\\" in data for data, _ in stored.values())  # backslashes, escaped in the JSON text
+    done = archive(conn, scratch_dir, close_current=True, duty=1, busy_duty=1)
+    lines = [json.loads(line) for m in done.segments for line in gzip.open(scratch_dir / m["file"])]
+    assert {line["position"]: (line["data"], line["tags"]) for line in lines} == stored
+    assert verify_archive(scratch_dir, conn).problems == []  # every hash recomputed from the text as written
+
+
+def test_copy_blocks_are_split_into_lines_whatever_their_edges():
+    blocks = [b'{"a" : "x\\\\y"}\n', b'{"b" : 1}\n{"c"', b' : 2}\n', b'{"d" : 3}\n{"e" : 4}\n', b'{"f"', b' : 5}']
+    assert list(archive_module._lines(iter(blocks))) == [
+        b'{"a" : "x\\y"}', b'{"b" : 1}', b'{"c" : 2}', b'{"d" : 3}', b'{"e" : 4}', b'{"f" : 5}']
+
+
+class FakeClock:
+    """time.monotonic and time.sleep for Pace: sleeping moves the clock."""
+
+    def __init__(self):
+        self.now, self.slept = 100.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(round(seconds, 6))
+        self.now += seconds
+
+
+def test_the_pace_rests_longer_while_the_log_grows_at_a_busy_queues_rate(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(archive_module, "time", clock)
+    position = [1_000]
+    pace = archive_module.Pace(0.5, 0.1, lambda: position[0])
+    clock.now += 1.0  # a piece of work of 1 s, the log quiet: rests 1 s (duty 0.5)
+    pace.rest()
+    clock.now += 1.0  # 1 s of work while 500 events were appended over 2 s: busy, rests 9 s
+    position[0] += 500
+    pace.rest()
+    clock.now += 0.3  # 0.3 s of work, nothing appended in 9.3 s: quiet, rests 0.3 s
+    pace.rest()
+    clock.now += 0.3  # 1,000 appended, but 0.6 s since the last look: no look, still quiet
+    position[0] += 1_000
+    pace.rest()
+    clock.now += 1.0  # the next look sees them (1,000 in 1.9 s): busy
+    pace.rest()
+    assert clock.slept == [1.0, 9.0, 0.3, 0.3, 9.0]
+    assert (pace.rests, pace.busy_rests, pace.rested) == (5, 2, pytest.approx(19.6))
+    # A busy share above the quiet one is the quiet one; without a probe, never busy.
+    assert archive_module.Pace(0.2, 0.5, lambda: 0).busy_duty == 0.2
+    quiet = archive_module.Pace(0.5, 0.1)
+    clock.now += 1.0
+    quiet.rest()
+    assert clock.slept[-1] == 1.0 and quiet.busy_rests == 0
+    with pytest.raises(ValueError, match="busy duty is a share of the time"):
+        archive_module.Pace(0.5, 0)
+
+
+def test_an_archive_beside_a_busy_queue_works_at_the_busy_duty(conn, scratch_dir, monkeypatch, capsys):
+    workload(conn)
+    events_before = count(conn, "SELECT count(*) FROM events")
+    # Any growth, even none, counts as busy here, looked at on every rest: each must
+    # read the log's position between the archive's statements, and rest at the busy share.
+    monkeypatch.setattr(archive_module, "BUSY_EVENTS_PER_S", 0.0)
+    monkeypatch.setattr(archive_module, "LOOK_SECONDS", 0.0)
+    done = archive(conn, scratch_dir, close_current=True, duty=1, busy_duty=0.5)
+    assert done.events == events_before and done.rests > 0 and done.busy_rests == done.rests
+    assert 0 < done.rested < done.seconds
+    assert verify_archive(scratch_dir, conn).problems == []
+    capsys.readouterr()
+    assert cli(["archive", "--to", str(scratch_dir), "--busy-duty", "0"]) == 2
+    assert "--busy-duty is a share of the time" in capsys.readouterr().err
 
 
 def test_older_than_keeps_recent_partitions(conn, scratch_dir):

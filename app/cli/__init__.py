@@ -120,6 +120,9 @@ def _archive_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duty", type=float, default=None, metavar="SHARE",
                         help="the share of the time the archive works, resting the rest, so a live queue"
                              " keeps its pace (0 < SHARE <= 1; default QFORGE_ARCHIVE_DUTY or 0.5)")
+    parser.add_argument("--busy-duty", type=float, default=None, metavar="SHARE",
+                        help="the share while the queue is busy (the log growing by 100 events/s or more),"
+                             " at most --duty (default QFORGE_ARCHIVE_BUSY_DUTY or 0.1)")
     parser.add_argument("--nice", type=int, default=10, metavar="N",
                         help="lower this process's CPU priority by N (default 10; 0 leaves it)")
 

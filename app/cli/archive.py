@@ -26,9 +26,10 @@ def run(args: argparse.Namespace) -> int:
     if directory is None:
         complain("archive", "where to? give --to DIR or set QFORGE_ARCHIVE_DIR")
         return 2
-    if args.duty is not None and not 0 < args.duty <= 1:
-        complain("archive", f"--duty is a share of the time, 0 < SHARE <= 1, not {args.duty}")
-        return 2
+    for option, share in (("--duty", args.duty), ("--busy-duty", args.busy_duty)):
+        if share is not None and not 0 < share <= 1:
+            complain("archive", f"{option} is a share of the time, 0 < SHARE <= 1, not {share}")
+            return 2
     if args.nice < 0:
         complain("archive", f"--nice lowers the priority: N >= 0, not {args.nice}")
         return 2
@@ -40,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with connect(url, autocommit=True) as conn:
             done = archive(conn, Path(directory), older_than=args.older_than, close_current=args.close_current,
-                           report=lambda line: print(line, flush=True), duty=args.duty)
+                           report=lambda line: print(line, flush=True), duty=args.duty,
+                           busy_duty=args.busy_duty)
     except (ArchiveError, psycopg.Error, OSError, ValueError) as exc:
         complain("archive", exc)
         return 2
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"archived {len(done.segments)} segment(s), {done.events:,} events to {directory} in"
           f" {done.seconds:.1f} s ({rate:,.0f} events/s; {raw:,} bytes -> {packed:,} compressed);"
           f" the read model let go of {done.jobs_released:,} jobs and {done.workflows_released:,} workflows;"
-          f" {done.rested:.1f} s of it resting")
+          f" {done.rested:.1f} s of it resting ({done.busy_rests} of {done.rests} rests with the queue busy)")
     return 0
 
 

@@ -18,7 +18,8 @@ It is a batch job beside a live queue, and it yields to it: no parallel
 workers, the partition read a window of positions at a time (no sort of the
 whole partition), the release in short transactions, and between the pieces
 of work it rests (Pace) so that it takes at most a share `duty` of one core's
-time, on the database and here, while the queue goes on.
+time, on the database and here, and a smaller share `busy_duty` while the log
+grows at a busy queue's pace.
 
 Every step is idempotent and the database says where a run stopped (the
 segment's row, the partition's detach state), so a run killed at any point is
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from qforge.events import segments
@@ -60,34 +61,83 @@ RELEASE_WINDOW = 2_000
 # QFORGE_ARCHIVE_DUTY or archive(duty=...); 1 never rests.
 DUTY = 0.5
 DUTY_ENV = "QFORGE_ARCHIVE_DUTY"
+# The share while the queue is busy: QFORGE_ARCHIVE_BUSY_DUTY or
+# archive(busy_duty=...). On 2 cores a drain lost 30% of its pace beside an
+# archive at 0.5 and 5-10% beside one at 0.1 (bench/qf_scale.py --only-drain).
+BUSY_DUTY = 0.1
+BUSY_DUTY_ENV = "QFORGE_ARCHIVE_BUSY_DUTY"
+# Busy: the log grew by at least this many events a second (a queue running
+# about 30 jobs/s or more; the archive itself appends nothing), over at least
+# LOOK_SECONDS: appends come in batches, so a shorter look would flicker.
+BUSY_EVENTS_PER_S = 100.0
+LOOK_SECONDS = 1.0
 
 
 class Pace:
-    """Rests after each piece of work so that work takes at most `duty` of the time:
-    a piece that took t seconds is followed by t * (1 - duty) / duty of sleep."""
+    """Rests after each piece of work so that work takes at most a share of the time:
+    a piece that took t seconds is followed by t * (1 - share) / share of sleep. The
+    share is `duty` while the queue is quiet and `busy_duty` while it is busy: while
+    the log, read by `log_position()` at a rest once LOOK_SECONDS have passed since
+    the last look, grew by BUSY_EVENTS_PER_S or more in between."""
 
-    def __init__(self, duty: float):
-        if not 0 < duty <= 1:
-            raise ValueError(f"the archive's duty is a share of the time, in (0, 1]; not {duty}")
+    def __init__(self, duty: float, busy_duty: float | None = None,
+                 log_position: Callable[[], int] | None = None):
+        for name, share in (("duty", duty), ("busy duty", busy_duty)):
+            if share is not None and not 0 < share <= 1:
+                raise ValueError(f"the archive's {name} is a share of the time, in (0, 1]; not {share}")
         self.duty = duty
+        self.busy_duty = duty if busy_duty is None else min(busy_duty, duty)
+        self.log_position = log_position
         self.since = time.monotonic()
         self.rested = 0.0
+        self.busy_rests = self.rests = 0
+        self.is_busy = False
+        self.seen: tuple[float, int] | None = None
+        self.look()
+
+    def look(self) -> None:
+        """Take the log's position as the baseline of the next look (again after the
+        archive moved it itself: closing the current partition skips positions)."""
+        if self.log_position is not None and self.busy_duty < self.duty:
+            self.seen = (time.monotonic(), self.log_position())
+
+    def busy(self) -> bool:
+        """Whether the log grew at a busy queue's rate over the last look (kept until the next)."""
+        if self.seen is not None:
+            (then, before), now = self.seen, time.monotonic()
+            if now - then >= LOOK_SECONDS:
+                position = self.log_position()
+                self.is_busy = (position - before) / (now - then) >= BUSY_EVENTS_PER_S
+                self.seen = (now, position)
+        return self.is_busy
 
     def rest(self) -> None:
         worked = time.monotonic() - self.since
-        if self.duty < 1 and worked > 0:
-            pause = worked * (1 - self.duty) / self.duty
+        busy = self.busy()
+        share = self.busy_duty if busy else self.duty
+        self.rests += 1
+        self.busy_rests += busy
+        if share < 1 and worked > 0:
+            pause = worked * (1 - share) / share
             time.sleep(pause)
             self.rested += pause
         self.since = time.monotonic()
 
 
-def default_duty() -> float:
-    raw = os.environ.get(DUTY_ENV)
+def _share(env: str, default: float) -> float:
+    raw = os.environ.get(env)
     try:
-        return DUTY if raw in (None, "") else float(raw)
+        return default if raw in (None, "") else float(raw)
     except ValueError:
-        raise ValueError(f"{DUTY_ENV} is a share of the time in (0, 1], not {raw!r}") from None
+        raise ValueError(f"{env} is a share of the time in (0, 1], not {raw!r}") from None
+
+
+def default_duty() -> float:
+    return _share(DUTY_ENV, DUTY)
+
+
+def default_busy_duty() -> float:
+    return _share(BUSY_DUTY_ENV, BUSY_DUTY)
 
 
 class ArchiveError(Exception):
@@ -104,6 +154,8 @@ class Archived:
     workflows_released: int = 0
     seconds: float = 0.0
     rested: float = 0.0  # of the seconds, resting (Pace)
+    rests: int = 0  # times it rested
+    busy_rests: int = 0  # of them, with the queue busy (at the busy duty)
 
     @property
     def events(self) -> int:
@@ -116,15 +168,19 @@ def _fault(step: str) -> None:
 
 
 def archive(conn, directory: Path, *, older_than: timedelta | None = None, close_current: bool = False,
-            report: Report | None = None, duty: float | None = None) -> Archived:
+            report: Report | None = None, duty: float | None = None,
+            busy_duty: float | None = None) -> Archived:
     """Archive every closed partition (whose last event is older than `older_than`, when
-    given) into `directory`, working at most `duty` of the time (default_duty()).
+    given) into `directory`, working at most `duty` of the time (default_duty()), and
+    at most `busy_duty` (default_busy_duty()) while the queue is busy (see Pace).
     `conn` must be in autocommit mode (detaching a partition concurrently runs outside
     any transaction block; the release is many short transactions)."""
     if not conn.autocommit:
         raise ValueError("archive needs an autocommit connection (DETACH CONCURRENTLY runs as its own transactions)")
     say = report or (lambda _line: None)
-    pace = Pace(default_duty() if duty is None else duty)
+    pace = Pace(default_duty() if duty is None else duty,
+                default_busy_duty() if busy_duty is None else busy_duty,
+                lambda: conn.cursor(row_factory=tuple_row).execute(q("archive_log_position")).fetchone()[0])
     started = time.monotonic()
     done = Archived()
     directory = Path(directory)
@@ -134,6 +190,7 @@ def archive(conn, directory: Path, *, older_than: timedelta | None = None, close
         if close_current:
             cur.execute(q("archive_close_current"))
             say(f"closed the current partition: new appends start at position {cur.fetchone()['boundary']}")
+            pace.look()
         horizon = _settled_horizon(conn, cur)
         # A run that stopped after recording a segment: finish letting its partition go.
         cur.execute(q("archive_segments_recorded"))
@@ -167,6 +224,7 @@ def archive(conn, directory: Path, *, older_than: timedelta | None = None, close
             done.segments.append(manifest)
     done.seconds = time.monotonic() - started
     done.rested = pace.rested
+    done.busy_rests, done.rests = pace.busy_rests, pace.rests
     return done
 
 
@@ -222,11 +280,17 @@ def _partition_lines(cur, partition: sql.Identifier, first: int | None, last: in
 
 
 def _lines(copy) -> Iterator[bytes]:
-    """The lines of a COPY ... TO STDOUT of one text column of JSON (see archive_partition_lines)."""
+    """The lines of a COPY ... TO STDOUT of one text column of JSON (see archive_partition_lines).
+    A block is most often one whole line: then it is taken as it is."""
     rest = b""
     for block in copy:
-        rest += bytes(block)
-        *whole, rest = rest.split(b"\n")
+        data = bytes(block)
+        if rest:
+            data, rest = rest + data, b""
+        if data.endswith(b"\n") and data.count(b"\n") == 1:
+            yield data[:-1].replace(b"\\\\", b"\\")
+            continue
+        *whole, rest = data.split(b"\n")
         for line in whole:
             yield line.replace(b"\\\\", b"\\")
     if rest:

@@ -15,6 +15,11 @@ LOCK TABLE events IN SHARE MODE
 -- name: archive_settled_position
 SELECT log_next_position() AS horizon
 
+-- name: archive_log_position
+-- How far the log has come (the sequence, no lock): the archive's Pace reads it
+-- at every rest to tell a busy queue from a quiet one.
+SELECT log_next_position()
+
 -- name: archive_partitions
 -- The log's partitions from the archived prefix on, oldest first, and whether
 -- every position in them is settled (below the horizon of archive_settle_lock).
