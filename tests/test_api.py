@@ -4,6 +4,7 @@ route of the public API, its happy path and its bad input."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import time
 from typing import Iterator
 from uuid import uuid4
@@ -11,6 +12,7 @@ from uuid import uuid4
 import httpx
 import pytest
 
+from factories import count
 from qforge.api.app import WEB_DIR, create_app
 from qforge.api.server import BackgroundServer
 from qforge.commands.claim import claim
@@ -461,6 +463,10 @@ def test_queues_workers_metrics_and_health(api, conn):
     assert "qforge_jobs_dead_lettered_total 1.0" in text
     assert "qforge_jobs_succeeded_total 1.0" in text
     assert "qforge_claim_latency_seconds_count 2.0" in text
+    # What the partitions made ahead can still take: an operator's alert before appends fail.
+    gauge = re.search(r"^qforge_log_positions_left (\S+)$", text, re.MULTILINE)
+    left = count(conn, "SELECT max(upper) - log_next_position() FROM log_partitions()")
+    assert gauge is not None and float(gauge.group(1)) == left > 0
     api.post("/jobs", json={"task": "echo"})
     run_job(conn, "again")
     assert "qforge_jobs_claimed_total 3.0" in api.get("/metrics").text  # counters follow the log

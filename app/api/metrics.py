@@ -16,6 +16,9 @@ scrape of a process reads the whole log once).
   claimable (the run_at of the Enqueued, StepUnblocked, Retried or Released
   event before it), i.e. how long due work waited for a worker.
 - qforge_workers_live, qforge_worker_slots{state="total"|"busy"}: the worker registry.
+- qforge_log_positions_left: events the log's partitions can still take. The
+  monitor's leader keeps partitions made ahead; if no monitor runs, this falls
+  and appends fail when it reaches 0 (alert well before: below one partition).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from prometheus_client.core import (CollectorRegistry, CounterMetricFamily, Gaug
                                     HistogramMetricFamily, Metric)
 
 from qforge.api.deps import Resources
-from qforge.projections.stats import LogTally, queue_stats, tally_log
+from qforge.projections.stats import LogTally, log_positions_left, queue_stats, tally_log
 from qforge.projections.workers import live_workers
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -50,6 +53,7 @@ class QForgeCollector:
         with self.resources.read_connection() as conn:
             queues = queue_stats(conn)
             workers = live_workers(conn, stale_seconds)
+            left = log_positions_left(conn)
             with self._lock:
                 tally_log(conn, self.tally)
                 by_type = dict(self.tally.by_type)
@@ -90,6 +94,9 @@ class QForgeCollector:
         slots.add_metric(["total"], sum(w["concurrency"] for w in workers))
         slots.add_metric(["busy"], sum(len(w["running"]) for w in workers))
         yield slots
+        yield GaugeMetricFamily("qforge_log_positions_left",
+                                "Events the log's partitions can still take (the monitor makes more ahead).",
+                                value=left)
 
 
 def make_registry(resources: Resources) -> CollectorRegistry:

@@ -33,6 +33,13 @@ def queue_stats(conn) -> list[dict[str, Any]]:
     return sorted(queues.values(), key=lambda entry: entry["queue"])
 
 
+def log_positions_left(conn) -> int:
+    """Positions the log's partitions can still take: the monitor's leader keeps partitions
+    made ahead (log_maintain); without it, appends fail once this reaches 0."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(q("log_positions_left")).fetchone()["left"]
+
+
 def _entry(queue: str) -> dict[str, Any]:
     return {"queue": queue, "counts": {s: 0 for s in JOB_STATUSES}, "oldest_pending_age_seconds": None,
             "paused": False, "rate_per_second": None, "burst": None}

@@ -94,6 +94,10 @@ SELECT * FROM jobs WHERE id = ANY(%(ids)s::uuid[])
 SELECT w.id, w.name, w.status, w.tags, w.error, w.created_at, w.updated_at, w.finished_at
   FROM workflows w WHERE id = ANY(%(ids)s::uuid[])
 
+-- name: log_positions_left
+-- How many more positions the attached partitions hold beyond the next append's.
+SELECT (SELECT coalesce(max(upper), 1) FROM log_partitions()) - log_next_position() AS left
+
 -- name: queues_stats
 -- Counts by queue and status from the counter projection (queue_counts plus
 -- the deltas the monitor has not folded in yet: one consistent snapshot of
