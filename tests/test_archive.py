@@ -86,6 +86,7 @@ def test_archive_writes_verified_segments_and_the_read_model_keeps_only_what_is_
     if windows is not None:  # many COPY windows per partition, many release windows per segment
         monkeypatch.setattr(archive_module, "READ_WINDOW", windows[0])
         monkeypatch.setattr(archive_module, "RELEASE_WINDOW", windows[1])
+        monkeypatch.setattr(archive_module, "RELEASE_POSITIONS", windows[1])
     work = workload(conn)
     events_before = count(conn, "SELECT count(*) FROM events")
     done = archive(conn, scratch_dir, close_current=True, duty=1, busy_duty=1)

@@ -10,7 +10,8 @@ prefix of its positions):
 3. write the manifest;
 4. record the segment (sealed);
 5. let the read model go of the finished executions the archive now holds
-   whole (archive_release_*), a window of rows at a time;
+   whole (archive_release_*), a window at a time: of workflows, and of the
+   partition's positions for the jobs with events there;
 6. detach the partition (CONCURRENTLY: appends go on), drop it, mark the
    segment dropped.
 
@@ -55,8 +56,10 @@ STEPS = ("written", "manifest", "recorded", "releasing", "released", "detached",
 Report = Callable[[str], None]
 # Positions read per COPY of a partition (each sorted on its own, in memory).
 READ_WINDOW = 50_000
-# Rows of jobs or workflows scanned per transaction of the release.
+# Rows of workflows scanned per transaction of the release, and positions of the
+# partition whose jobs are looked at per transaction (a no-op job has 3 events).
 RELEASE_WINDOW = 2_000
+RELEASE_POSITIONS = 6_000
 # The share of the time the archive works (the rest it rests) by default:
 # QFORGE_ARCHIVE_DUTY or archive(duty=...); 1 never rests.
 DUTY = 0.5
@@ -197,7 +200,7 @@ def archive(conn, directory: Path, *, older_than: timedelta | None = None, close
         for row in cur.fetchall():
             if row["state"] == "sealed":
                 _check_on_disk(directory, row)
-                _release(cur, row["upper_position"], done, pace, say)
+                _release(cur, row["upper_position"], (row["first_position"], row["last_position"]), done, pace, say)
                 _let_go(cur, row["segment"], row["lower_position"], say)
                 done.segments.append(row["manifest"])
         cur.execute(q("archive_partitions"), {"horizon": horizon})
@@ -218,7 +221,8 @@ def archive(conn, directory: Path, *, older_than: timedelta | None = None, close
             _fault("manifest")
             _record(cur, manifest)
             _fault("recorded")
-            _release(cur, manifest["partition"]["upper"], done, pace, say)
+            _release(cur, manifest["partition"]["upper"], (manifest["first_position"], manifest["last_position"]),
+                     done, pace, say)
             _fault("released")
             _let_go(cur, manifest["segment"], part["lower"], say)
             done.segments.append(manifest)
@@ -329,27 +333,36 @@ def _record(cur, manifest: dict[str, Any]) -> None:
     })
 
 
-def _release(cur, before: int, done: Archived, pace: Pace, say: Report) -> None:
+def _release(cur, before: int, extent: tuple[int | None, int | None], done: Archived, pace: Pace,
+             say: Report) -> None:
     """The read model lets go of the finished executions wholly below `before` (recorded
-    as archived), RELEASE_WINDOW rows per transaction, workflows (with their steps)
-    first, then jobs outside workflows; resting between windows. After a crash it is
-    simply done again (the segment is sealed and its partition still attached): what
-    was let go is gone, the rest goes."""
+    as archived), resting between windows, each its own short transaction: workflows
+    (with their steps) RELEASE_WINDOW rows at a time, then the jobs outside workflows
+    that have events in the segment's `extent` (first and last position), RELEASE_POSITIONS
+    positions at a time. After a crash it is simply done again (the segment is sealed and
+    its partition still attached): what was let go is gone, the rest goes."""
     jobs = workflows = 0
-    for query in ("archive_release_workflows", "archive_release_jobs"):
-        after = None
-        while True:
-            cur.execute(q(query), {"before": before, "job_done": sorted(JOB_FINISHED),
-                                   "workflow_done": sorted(WORKFLOW_FINISHED), "after": after,
-                                   "batch": RELEASE_WINDOW})
-            row = cur.fetchone()
-            jobs, workflows = jobs + row["jobs_released"], workflows + row["workflows_released"]
-            pace.rest()
-            if jobs or workflows:
-                _fault("releasing")
-            if row["last_id"] is None:
-                break
-            after = row["last_id"]
+    after = None
+    while True:
+        cur.execute(q("archive_release_workflows"), {
+            "before": before, "job_done": sorted(JOB_FINISHED), "workflow_done": sorted(WORKFLOW_FINISHED),
+            "after": after, "batch": RELEASE_WINDOW})
+        row = cur.fetchone()
+        jobs, workflows = jobs + row["jobs_released"], workflows + row["workflows_released"]
+        pace.rest()
+        if jobs or workflows:
+            _fault("releasing")
+        if row["last_id"] is None:
+            break
+        after = row["last_id"]
+    first, last = extent
+    for start in range(first, last + 1, RELEASE_POSITIONS) if first is not None else ():
+        cur.execute(q("archive_release_jobs"), {"before": before, "job_done": sorted(JOB_FINISHED),
+                                                "from": start, "to": min(start + RELEASE_POSITIONS, last + 1)})
+        jobs += cur.fetchone()["jobs_released"]
+        pace.rest()
+        if jobs or workflows:
+            _fault("releasing")
     done.jobs_released += jobs
     done.workflows_released += workflows
     say(f"positions below {before}: the read model let go of {jobs:,} jobs and {workflows:,} workflows")

@@ -88,8 +88,9 @@ SELECT jobs_released, workflows_released, last_id
   FROM archive_release_workflows(%(before)s, %(job_done)s::text[], %(workflow_done)s::text[], %(after)s, %(batch)s)
 
 -- name: archive_release_jobs
-SELECT jobs_released, 0::bigint AS workflows_released, last_id
-  FROM archive_release_jobs(%(before)s, %(job_done)s::text[], %(after)s, %(batch)s)
+-- One window of positions of the partition being archived (see
+-- archive_release_jobs in 50_log_partitions.sql), its own transaction.
+SELECT jobs_released FROM archive_release_jobs(%(before)s, %(job_done)s::text[], %(from)s, %(to)s)
 
 -- name: archive_allow
 -- This session may detach and drop partitions of the log (log_guard_ddl). And

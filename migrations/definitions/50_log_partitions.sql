@@ -205,9 +205,18 @@ BEGIN
 END $$;
 
 -- The jobs outside any workflow, as archive_release_workflows (a step goes
--- with its workflow, there).
-CREATE OR REPLACE FUNCTION archive_release_jobs(before bigint, job_done text[], after uuid, batch integer)
-RETURNS TABLE (jobs_released bigint, last_id uuid) LANGUAGE plpgsql
+-- with its workflow, there), found from the other end: the jobs with an event
+-- in positions [from_position, to_position), a window of the partition being
+-- archived, rather than every row of jobs. A job can only newly qualify when
+-- its last event is in that partition (one whose last event lies in a
+-- partition archived before was let go then, or was still active then and
+-- still is), so the release costs what the partition holds, not what the
+-- whole read model does: scanning jobs, each partition of a long log had the
+-- archive visit every job of every later partition again.
+DROP FUNCTION IF EXISTS archive_release_jobs(bigint, text[], uuid, integer);
+CREATE OR REPLACE FUNCTION archive_release_jobs(before bigint, job_done text[], from_position bigint,
+                                                to_position bigint)
+RETURNS TABLE (jobs_released bigint) LANGUAGE plpgsql
 SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 DECLARE
     tag_keys text[];
@@ -215,17 +224,16 @@ DECLARE
     tag_ids uuid[];
 BEGIN
     WITH scanned AS (
-        SELECT j.id FROM jobs j
-         WHERE j.id > coalesce(after, '00000000-0000-0000-0000-000000000000')
-         ORDER BY j.id LIMIT batch
+        SELECT DISTINCT e.stream_id AS id FROM events e
+         WHERE e.position >= from_position AND e.position < to_position
+           AND e.stream_type = 'job' AND e.workflow_id IS NULL
     ), gone AS (
         DELETE FROM jobs j USING scanned s
          WHERE j.id = s.id AND j.workflow_id IS NULL AND j.status = ANY(job_done) AND j.last_position < before
         RETURNING j.id, j.tags
     )
-    SELECT (SELECT count(*) FROM gone), (SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1),
-           t.keys, t.vals, t.ids
-      INTO jobs_released, last_id, tag_keys, tag_values, tag_ids
+    SELECT (SELECT count(*) FROM gone), t.keys, t.vals, t.ids
+      INTO jobs_released, tag_keys, tag_values, tag_ids
       FROM (SELECT array_agg(e.key) AS keys, array_agg(e.value) AS vals, array_agg(g.id) AS ids
               FROM gone g, jsonb_each_text(g.tags) e) t;
     DELETE FROM execution_tags t
