@@ -257,6 +257,12 @@ def drain_phases(archive: TimedArchive, timeline: list[tuple[float, int]]) -> li
     return phases
 
 
+def fresh_copy(admin_url: str, template: str, copy: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{copy}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{copy}" TEMPLATE "{template}" STRATEGY FILE_COPY')
+
+
 def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_dir: Path, name: str,
               variants: dict[str, list[str]], log=print, reuse: bool = False) -> dict[str, Any]:
     """The drain rate while `qforge archive` runs against without it, alone: each repetition
@@ -264,7 +270,10 @@ def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_
     and for each variant (extra arguments of `qforge archive`) a fresh copy while that
     archive runs, the order rotating from one repetition to the next. The archive's drain
     counts every round drained while the archive ran, so every step of the archive
-    (writing, read-back, release, detach, drop) weighs in."""
+    (writing, read-back, release, detach, drop) weighs in; it is compared with as many
+    rounds drained on a fresh copy without an archive (drain_ratio_matched: like for
+    like, the database growing alike), with a few rounds on a fresh copy (drain_ratio),
+    and with rounds just before and after it on its own copy (drain_ratio_beside)."""
     jobs = events // 3
     template_url, generated = _history(admin_url, name, jobs, reuse=reuse, log=log, label="drain")
     copy = f"{name}_copy"
@@ -274,9 +283,7 @@ def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_
     archives: dict[str, list[dict[str, Any]]] = {side: [] for side in variants}
     for rep in range(repeat):
         for side in sides[rep % len(sides):] + sides[:rep % len(sides)]:
-            with psycopg.connect(admin_url, autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{copy}" WITH (FORCE)')
-                admin.execute(f'CREATE DATABASE "{copy}" TEMPLATE "{name}" STRATEGY FILE_COPY')
+            fresh_copy(admin_url, name, copy)
             if side == "without":
                 figures[side].append(drain_rounds(copy_url, claim_jobs, lambda: True, [], rounds=WITHOUT_ROUNDS))
                 continue
@@ -293,21 +300,31 @@ def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_
                 archive.kill()
                 shutil.rmtree(directory, ignore_errors=True)
             after = drain_rounds(copy_url, claim_jobs, lambda: True, [], rounds=BESIDE_ROUNDS)
-            figures[side][-1]["beside_jobs_per_s"] = (before["jobs_per_s"] + after["jobs_per_s"]) / 2
-            figures[side][-1]["beside_ratio"] = figures[side][-1]["jobs_per_s"] / figures[side][-1]["beside_jobs_per_s"]
+            during = figures[side][-1]
+            during["beside_jobs_per_s"] = (before["jobs_per_s"] + after["jobs_per_s"]) / 2
+            during["beside_ratio"] = during["jobs_per_s"] / during["beside_jobs_per_s"]
+            # Like for like: as many rounds again on a fresh copy without an archive. Every
+            # round adds its jobs to the database, so a drain beside a slow archive runs on
+            # a bigger jobs table, on average, than a few rounds on a fresh copy do.
+            fresh_copy(admin_url, name, copy)
+            matched = drain_rounds(copy_url, claim_jobs, lambda: True, [], rounds=during["rounds"])
+            during["matched_jobs_per_s"] = matched["jobs_per_s"]
+            during["matched_ratio"] = during["jobs_per_s"] / matched["jobs_per_s"]
             total = sum(int(m.group(1).replace(",", "")) for _, line in archive.lines
                         if (m := re.search(r"archived \d+ segment\(s\), ([\d,]+) events", line)))
             archives[side].append({"seconds": seconds, "events": total, "events_per_s": total / seconds,
                                    "phases": drain_phases(archive, timeline)})
-            log(f"  {side}: {figures[side][-1]['jobs_per_s'] or 0:.0f} jobs/s during the archive"
-                f" ({figures[side][-1]['beside_ratio']:.2f}x of just before+after);"
+            log(f"  {side}: {during['jobs_per_s'] or 0:.0f} jobs/s during the archive"
+                f" ({during['matched_ratio']:.2f}x of as many rounds without it, {during['matched_jobs_per_s']:.0f};"
+                f" {during['beside_ratio']:.2f}x of just before+after);"
                 f" {archive.lines[-1][1] if archive.lines else ''}")
         line = [f"drain rep {rep + 1}: without {figures['without'][-1]['jobs_per_s']:.0f} jobs/s"
                 f" ({figures['without'][-1]['server_cpu_us_per_job']:.0f} us/job)"]
         for side in variants:
             got, run = figures[side][-1], archives[side][-1]
             line.append(f"{side} {got['jobs_per_s'] or 0:.0f} jobs/s"
-                        f" ({(got['jobs_per_s'] or 0) / figures['without'][-1]['jobs_per_s']:.2f}x;"
+                        f" ({got['matched_ratio']:.2f}x of as many rounds without it;"
+                        f" {(got['jobs_per_s'] or 0) / figures['without'][-1]['jobs_per_s']:.2f}x;"
                         f" {got['beside_ratio']:.2f}x of {got['beside_jobs_per_s']:.0f} jobs/s just before+after,"
                         f" {got['server_cpu_us_per_job'] or 0:.0f} us/job, {got['rounds']} rounds;"
                         f" archive {run['events_per_s']:,.0f} events/s in {run['seconds']:.1f}s)")
@@ -325,6 +342,8 @@ def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_
         "drain_during_archive": {side: summarize(rates[side]) for side in variants},
         "drain_ratio": {side: summarize([d / w if d and w else None for d, w in zip(rates[side], rates["without"])])
                         for side in variants},
+        # the drain during each archive against as many rounds on a fresh copy without it
+        "drain_ratio_matched": {side: summarize([f["matched_ratio"] for f in figures[side]]) for side in variants},
         # the drain during each archive against the mean of its own before and after
         "drain_ratio_beside": {side: summarize([f["beside_ratio"] for f in figures[side]]) for side in variants},
         "server_cpu_us_per_job": {side: summarize([f["server_cpu_us_per_job"] for f in figures[side]])
