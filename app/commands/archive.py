@@ -65,8 +65,8 @@ RELEASE_POSITIONS = 6_000
 DUTY = 0.5
 DUTY_ENV = "QFORGE_ARCHIVE_DUTY"
 # The share while the queue is busy: QFORGE_ARCHIVE_BUSY_DUTY or
-# archive(busy_duty=...). On 2 cores a drain lost 30% of its pace beside an
-# archive at 0.5 and 5-10% beside one at 0.1 (bench/qf_scale.py --only-drain).
+# archive(busy_duty=...). On 2 cores a drain kept 0.83x of its pace beside an
+# archive at 0.5 and 0.95x beside one at 0.1 (bench/qf_scale.py --only-drain).
 BUSY_DUTY = 0.1
 BUSY_DUTY_ENV = "QFORGE_ARCHIVE_BUSY_DUTY"
 # Busy: the log grew by at least this many events a second (a queue running
