@@ -20,6 +20,24 @@ def with_database(url: str, dbname: str) -> str:
     return urlunsplit(parts._replace(path="/" + quote(dbname, safe="")))
 
 
+def recreate(admin_url: str, name: str, template: str | None = None, *, file_copy: bool = False) -> str:
+    """Drop database `name` and create it again, empty or as a copy of `template` (file_copy:
+    STRATEGY FILE_COPY, copying files rather than WAL-logging every page: for big histories,
+    PostgreSQL 15+); its URL. (psycopg is imported here: the peers' venv imports this module.)"""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template:
+            statement = sql.SQL("{} TEMPLATE {}").format(statement, sql.Identifier(template))
+            if file_copy:
+                statement = sql.SQL("{} STRATEGY FILE_COPY").format(statement)
+        admin.execute(statement)
+    return with_database(admin_url, name)
+
+
 def load_queries(path: str) -> dict[str, str]:
     """The `-- name: x` sections of a .sql file (the project's convention, see app/sql)."""
     import re

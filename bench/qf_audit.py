@@ -33,7 +33,8 @@ from psycopg import sql  # noqa: E402
 from qforge.events import audit, audit_verify  # noqa: E402
 from qforge.migrate import migrate  # noqa: E402
 from common import load_queries  # noqa: E402
-from qf_variants import Run, measure_side_by_side, recreate, with_database  # noqa: E402
+from common import recreate  # noqa: E402
+from qf_variants import Run, measure_side_by_side, with_database  # noqa: E402
 
 VARIANTS = {"with the hash chain": [], "without (constant hash)": ["bench_without_hash", "bench_without_hash_fixed"]}
 STEPS = ("enqueue", "claim", "complete", "enqueue_wall", "drain_wall")

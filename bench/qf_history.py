@@ -28,7 +28,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import emit, in_turns, load_queries, summarize, with_database  # noqa: E402
+from common import emit, in_turns, load_queries, recreate, summarize, with_database  # noqa: E402
 from perf_profile import Recording  # noqa: E402
 
 KEPT_HISTORY = "qf_bench_history"  # the one history run.py keeps (--keep-history) and reuses
@@ -37,10 +37,8 @@ QUERIES = load_queries(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 
 
 def recreate_database(admin_url: str, name: str) -> str:
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = with_database(admin_url, name)
+    """A new, empty, migrated database `name`; its URL."""
+    url = recreate(admin_url, name)
     from qforge.migrate import migrate
 
     with psycopg.connect(url, autocommit=True) as conn:

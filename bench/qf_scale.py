@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 import qf_history  # noqa: E402
-from common import emit, summarize, with_database  # noqa: E402
+from common import emit, recreate, summarize, with_database  # noqa: E402
 
 SCALE_HISTORY = "qf_bench_scale"  # kept with --keep (and reused with --reuse)
 REQUESTS = 300  # per read figure and repetition
@@ -257,12 +257,6 @@ def drain_phases(archive: TimedArchive, timeline: list[tuple[float, int]]) -> li
     return phases
 
 
-def fresh_copy(admin_url: str, template: str, copy: str) -> None:
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{copy}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{copy}" TEMPLATE "{template}" STRATEGY FILE_COPY')
-
-
 def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_dir: Path, name: str,
               variants: dict[str, list[str]], log=print, reuse: bool = False) -> dict[str, Any]:
     """The drain rate while `qforge archive` runs against without it, alone: each repetition
@@ -283,7 +277,7 @@ def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_
     archives: dict[str, list[dict[str, Any]]] = {side: [] for side in variants}
     for rep in range(repeat):
         for side in sides[rep % len(sides):] + sides[:rep % len(sides)]:
-            fresh_copy(admin_url, name, copy)
+            recreate(admin_url, copy, name, file_copy=True)
             if side == "without":
                 figures[side].append(drain_rounds(copy_url, claim_jobs, lambda: True, [], rounds=WITHOUT_ROUNDS))
                 continue
@@ -306,7 +300,7 @@ def run_drain(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_
             # Like for like: as many rounds again on a fresh copy without an archive. Every
             # round adds its jobs to the database, so a drain beside a slow archive runs on
             # a bigger jobs table, on average, than a few rounds on a fresh copy do.
-            fresh_copy(admin_url, name, copy)
+            recreate(admin_url, copy, name, file_copy=True)
             matched = drain_rounds(copy_url, claim_jobs, lambda: True, [], rounds=during["rounds"])
             during["matched_jobs_per_s"] = matched["jobs_per_s"]
             during["matched_ratio"] = during["jobs_per_s"] / matched["jobs_per_s"]

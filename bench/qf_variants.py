@@ -30,7 +30,7 @@ from qforge.commands.claim import claim  # noqa: E402
 from qforge.commands.enqueue import JobSpec, enqueue  # noqa: E402
 from qforge.migrate import migrate  # noqa: E402
 from qforge.sql import q  # noqa: E402
-from common import in_turns, load_queries  # noqa: E402
+from common import in_turns, load_queries, recreate  # noqa: E402
 
 TEMPLATE = "qf_bench_variants_tpl"
 SCRATCH = "qf_bench_variants"
@@ -45,17 +45,6 @@ def with_database(url: str, name: str) -> str:
     from qforge.db import with_database as swap
 
     return swap(url, name)
-
-
-def recreate(admin_url: str, name: str, template: str | None = None) -> str:
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        if template:
-            admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name),
-                                                                          sql.Identifier(template)))
-        else:
-            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    return with_database(admin_url, name)
 
 
 def server_ns(pid: int) -> int:

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from psycopg import sql  # noqa: E402
 
+from common import recreate  # noqa: E402
 from qforge.db import connect, with_database  # noqa: E402
 from qforge.migrate import migrate  # noqa: E402
 from qforge.cli.replay import FOLDERS  # noqa: E402
@@ -129,15 +130,6 @@ def main() -> int:
             if not args.keep:
                 for name in (NEW, OLD):
                     drop(args.server_url, name)
-
-
-def recreate(server_url: str, name: str, template: str | None = None) -> None:
-    with connect(server_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
-        if template:
-            statement = sql.SQL("{} TEMPLATE {}").format(statement, sql.Identifier(template))
-        admin.execute(statement)
 
 
 def drop(server_url: str, name: str) -> None:
