@@ -85,7 +85,6 @@ def test_archive_writes_verified_segments_and_the_read_model_keeps_only_what_is_
                                                                                           monkeypatch, windows):
     if windows is not None:  # many COPY windows per partition, many release windows per segment
         monkeypatch.setattr(archive_module, "READ_WINDOW", windows[0])
-        monkeypatch.setattr(archive_module, "RELEASE_WINDOW", windows[1])
         monkeypatch.setattr(archive_module, "RELEASE_POSITIONS", windows[1])
     work = workload(conn)
     events_before = count(conn, "SELECT count(*) FROM events")
@@ -131,6 +130,16 @@ def test_archive_writes_verified_segments_and_the_read_model_keeps_only_what_is_
     assert verify(conn, archive=scratch_dir) == []
     built, swapped = replay(conn, archive=scratch_dir)
     assert swapped.changed == 0
+
+    # The next archive lets go of what has finished since, found by the events of its partitions:
+    # the long-lived workflow (its first events in the segments before, its last in these) with
+    # its three steps, and the four jobs that ran late.
+    again = archive(conn, scratch_dir, close_current=True, duty=1, busy_duty=1)
+    assert (again.workflows_released, again.jobs_released) == (1, 3 + 4)
+    assert count(conn, "SELECT count(*) FROM workflows") == 0
+    assert count(conn, "SELECT count(*) FROM jobs") == 0
+    assert count(conn, "SELECT count(*) FROM execution_tags") == 0
+    assert verify(conn, archive=scratch_dir) == []
 
 
 def test_an_archived_execution_answers_410_naming_its_segment_and_history_reads_it(conn, db_url, scratch_dir,

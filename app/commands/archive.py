@@ -10,8 +10,8 @@ prefix of its positions):
 3. write the manifest;
 4. record the segment (sealed);
 5. let the read model go of the finished executions the archive now holds
-   whole (archive_release_*), a window at a time: of workflows, and of the
-   partition's positions for the jobs with events there;
+   whole (archive_release_*), a window of the partition's positions at a
+   time: the workflows, then the jobs, with events there;
 6. detach the partition (CONCURRENTLY: appends go on), drop it, mark the
    segment dropped.
 
@@ -56,9 +56,8 @@ STEPS = ("written", "manifest", "recorded", "releasing", "released", "detached",
 Report = Callable[[str], None]
 # Positions read per COPY of a partition (each sorted on its own, in memory).
 READ_WINDOW = 50_000
-# Rows of workflows scanned per transaction of the release, and positions of the
-# partition whose jobs are looked at per transaction (a no-op job has 3 events).
-RELEASE_WINDOW = 2_000
+# Positions of the partition whose workflows, then jobs, are looked at per
+# transaction of the release (a no-op job has 3 events).
 RELEASE_POSITIONS = 6_000
 # The share of the time the archive works (the rest it rests) by default:
 # QFORGE_ARCHIVE_DUTY or archive(duty=...); 1 never rests.
@@ -336,33 +335,24 @@ def _record(cur, manifest: dict[str, Any]) -> None:
 def _release(cur, before: int, extent: tuple[int | None, int | None], done: Archived, pace: Pace,
              say: Report) -> None:
     """The read model lets go of the finished executions wholly below `before` (recorded
-    as archived), resting between windows, each its own short transaction: workflows
-    (with their steps) RELEASE_WINDOW rows at a time, then the jobs outside workflows
-    that have events in the segment's `extent` (first and last position), RELEASE_POSITIONS
-    positions at a time. After a crash it is simply done again (the segment is sealed and
-    its partition still attached): what was let go is gone, the rest goes."""
+    as archived) that have events in the segment's `extent` (first and last position),
+    RELEASE_POSITIONS positions at a time, resting between windows, each its own short
+    transaction: the workflows (with their steps), then the jobs outside workflows. After
+    a crash it is simply done again (the segment is sealed and its partition still
+    attached): what was let go is gone, the rest goes."""
     jobs = workflows = 0
-    after = None
-    while True:
-        cur.execute(q("archive_release_workflows"), {
-            "before": before, "job_done": sorted(JOB_FINISHED), "workflow_done": sorted(WORKFLOW_FINISHED),
-            "after": after, "batch": RELEASE_WINDOW})
-        row = cur.fetchone()
-        jobs, workflows = jobs + row["jobs_released"], workflows + row["workflows_released"]
-        pace.rest()
-        if jobs or workflows:
-            _fault("releasing")
-        if row["last_id"] is None:
-            break
-        after = row["last_id"]
     first, last = extent
     for start in range(first, last + 1, RELEASE_POSITIONS) if first is not None else ():
-        cur.execute(q("archive_release_jobs"), {"before": before, "job_done": sorted(JOB_FINISHED),
-                                                "from": start, "to": min(start + RELEASE_POSITIONS, last + 1)})
-        jobs += cur.fetchone()["jobs_released"]
-        pace.rest()
-        if jobs or workflows:
-            _fault("releasing")
+        window = {"before": before, "job_done": sorted(JOB_FINISHED), "workflow_done": sorted(WORKFLOW_FINISHED),
+                  "from": start, "to": min(start + RELEASE_POSITIONS, last + 1)}
+        for query in ("archive_release_workflows", "archive_release_jobs"):
+            cur.execute(q(query), window)
+            row = cur.fetchone()
+            jobs += row["jobs_released"]
+            workflows += row.get("workflows_released", 0)
+            pace.rest()
+            if jobs or workflows:
+                _fault("releasing")
     done.jobs_released += jobs
     done.workflows_released += workflows
     say(f"positions below {before}: the read model let go of {jobs:,} jobs and {workflows:,} workflows")

@@ -82,10 +82,10 @@ SELECT jobs_released, workflows_released
   FROM archive_release(%(before)s, %(job_done)s::text[], %(workflow_done)s::text[])
 
 -- name: archive_release_workflows
--- One window of the release (see archive_release_workflows in
--- 50_log_partitions.sql), its own transaction.
-SELECT jobs_released, workflows_released, last_id
-  FROM archive_release_workflows(%(before)s, %(job_done)s::text[], %(workflow_done)s::text[], %(after)s, %(batch)s)
+-- One window of positions of the partition being archived (see
+-- archive_release_workflows in 50_log_partitions.sql), its own transaction.
+SELECT jobs_released, workflows_released
+  FROM archive_release_workflows(%(before)s, %(job_done)s::text[], %(workflow_done)s::text[], %(from)s, %(to)s)
 
 -- name: archive_release_jobs
 -- One window of positions of the partition being archived (see

@@ -149,21 +149,27 @@ $$;
 -- old its first events. Table names are left unqualified on purpose: replay
 -- runs this on its scratch copies by putting them first on the search path.
 --
--- It goes a window at a time: the next `batch` rows by id after `after` (NULL:
--- from the start; batch NULL: all of them), of which those that qualify are let
--- go; last_id is where the window ended (NULL: nothing was left). `qforge
--- archive` calls it window by window, each its own short transaction, so it
--- never holds many row locks or makes one long burst of WAL while appends go
--- on (a window costs what it scans, whatever is let go). Tags go by the
--- primary key: execution_tags holds exactly the tags of each stream's first
--- event, which its jobs/workflows row keeps (30_fold.sql). They are gathered
--- into arrays first, and deleted by a second statement, by index lookups only
--- (the SET clauses): a window touches a few thousand rows, and a plan on stale
--- or missing statistics that hashes the whole of execution_tags (or scans it
--- in a loop) would do so for every window.
+-- It goes a window at a time: the workflows with an event in positions
+-- [from_position, to_position), a window of the partition being archived
+-- (a workflow's own events and its steps' all carry its id in workflow_id). A
+-- workflow can only newly qualify when the last event of it or of its steps is
+-- in that partition: one whose last such event lies in a partition archived
+-- before was let go then, or was still active then and has had an event since.
+-- So the release costs what the partition holds, not what the whole read model
+-- does (scanning workflows by id, each partition of a long log had the archive
+-- visit every workflow again). `qforge archive` calls it window by window,
+-- each its own short transaction, so it never holds many row locks or makes
+-- one long burst of WAL while appends go on. Tags go by the primary key:
+-- execution_tags holds exactly the tags of each stream's first event, which
+-- its jobs/workflows row keeps (30_fold.sql). They are gathered into arrays
+-- first, and deleted by a second statement, by index lookups only (the SET
+-- clauses): a window touches a few thousand rows, and a plan on stale or
+-- missing statistics that hashes the whole of execution_tags (or scans it in
+-- a loop) would do so for every window.
+DROP FUNCTION IF EXISTS archive_release_workflows(bigint, text[], text[], uuid, integer);
 CREATE OR REPLACE FUNCTION archive_release_workflows(before bigint, job_done text[], workflow_done text[],
-                                                     after uuid, batch integer)
-RETURNS TABLE (jobs_released bigint, workflows_released bigint, last_id uuid) LANGUAGE plpgsql
+                                                     from_position bigint, to_position bigint)
+RETURNS TABLE (jobs_released bigint, workflows_released bigint) LANGUAGE plpgsql
 SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 DECLARE
     tag_keys text[];
@@ -172,14 +178,16 @@ DECLARE
     tag_ids uuid[];
 BEGIN
     WITH scanned AS (
-        SELECT w.id, w.status, w.last_position FROM workflows w
-         WHERE w.id > coalesce(after, '00000000-0000-0000-0000-000000000000')
-         ORDER BY w.id LIMIT batch
+        -- (a workflow's own events name it in workflow_id too; the stream id
+        -- covers any that do not)
+        SELECT DISTINCT coalesce(e.workflow_id, e.stream_id) AS id FROM events e
+         WHERE e.position >= from_position AND e.position < to_position
+           AND (e.workflow_id IS NOT NULL OR e.stream_type = 'workflow')
     ), leaving AS (
-        SELECT s.id FROM scanned s
-         WHERE s.status = ANY(workflow_done) AND s.last_position < before
+        SELECT w.id FROM workflows w JOIN scanned s ON s.id = w.id
+         WHERE w.status = ANY(workflow_done) AND w.last_position < before
            AND NOT EXISTS (SELECT FROM jobs j
-                            WHERE j.workflow_id = s.id
+                            WHERE j.workflow_id = w.id
                               AND NOT (j.status = ANY(job_done) AND j.last_position < before))
     ), gone_jobs AS (
         DELETE FROM jobs j
@@ -192,9 +200,8 @@ BEGIN
         SELECT * FROM gone_jobs UNION ALL SELECT * FROM gone_workflows
     )
     SELECT (SELECT count(*) FROM gone_jobs), (SELECT count(*) FROM gone_workflows),
-           (SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1),
            t.keys, t.vals, t.kinds, t.ids
-      INTO jobs_released, workflows_released, last_id, tag_keys, tag_values, tag_kinds, tag_ids
+      INTO jobs_released, workflows_released, tag_keys, tag_values, tag_kinds, tag_ids
       FROM (SELECT array_agg(e.key) AS keys, array_agg(e.value) AS vals, array_agg(g.kind) AS kinds,
                    array_agg(g.id) AS ids
               FROM gone g, jsonb_each_text(g.tags) e) t;
@@ -204,15 +211,11 @@ BEGIN
     RETURN NEXT;
 END $$;
 
--- The jobs outside any workflow, as archive_release_workflows (a step goes
--- with its workflow, there), found from the other end: the jobs with an event
--- in positions [from_position, to_position), a window of the partition being
--- archived, rather than every row of jobs. A job can only newly qualify when
--- its last event is in that partition (one whose last event lies in a
--- partition archived before was let go then, or was still active then and
--- still is), so the release costs what the partition holds, not what the
--- whole read model does: scanning jobs, each partition of a long log had the
--- archive visit every job of every later partition again.
+-- The jobs outside any workflow (a step goes with its workflow, in
+-- archive_release_workflows), found the same way: the jobs with an event in
+-- positions [from_position, to_position) rather than every row of jobs. A job
+-- can only newly qualify when its last event is in the partition being
+-- archived.
 DROP FUNCTION IF EXISTS archive_release_jobs(bigint, text[], uuid, integer);
 CREATE OR REPLACE FUNCTION archive_release_jobs(before bigint, job_done text[], from_position bigint,
                                                 to_position bigint)
