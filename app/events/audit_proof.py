@@ -27,6 +27,7 @@ def proof(conn, kind: str, execution_id: UUID, *, archive: Path | None = None) -
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(q("log_read_lock"))
             rows = cur.execute(q("audit_proof_events"), {"id": execution_id}).fetchall()
             if not rows or not any(r["stream_id"] == execution_id and r["stream_type"] == kind for r in rows):
                 return None

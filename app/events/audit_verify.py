@@ -231,6 +231,7 @@ def verify(conn, *, anchor: Mapping[str, Any] | None = None, archive: Path | Non
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(q("log_read_lock"))
             extent = cur.execute(q("audit_archive_extent")).fetchone()
             # Segments still attached are read from the live log, not twice.
             events = (e for e in segment_events(archive, problems) if e["position"] < extent["live_lower"]) \

@@ -18,13 +18,10 @@ SELECT now() AS now
 -- below the snapshot's xmin, so no transaction still running can add one before
 -- them) after the previous checkpoint's cursor, in (xid, position) order: the
 -- order that never changes once a checkpoint has seen it.
+-- (events_after_page: the live partitions and the packed ones.)
 SELECT e.xid::text::bigint AS xid, e.position, e.hash
-  FROM events e
- WHERE e.xid >= %(xid)s::text::xid8
-   AND (e.xid, e.position) > (%(xid)s::text::xid8, %(position)s::bigint)
-   AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
+  FROM events_after_page(%(xid)s::text::xid8, %(position)s::bigint, %(limit)s) e
  ORDER BY e.xid, e.position
- LIMIT %(limit)s
 
 -- name: audit_checkpoint_insert
 INSERT INTO audit_checkpoints (seq, created_at, cursor_xid, cursor_position, events, positions, hashes,
@@ -79,7 +76,7 @@ WITH archived AS (
                                                     e.schema_version, e.data, e.tags, e.workflow_id,
                                                     e.occurred_at, e.actor)) AS hash_holds,
            lead(e.version) OVER w IS NULL AS last_of_stream, e.stream_type
-      FROM events e
+      FROM log_range(0, 9223372036854775807) e
       LEFT JOIN archived a ON a.stream_id = e.stream_id
     WINDOW w AS (PARTITION BY e.stream_id ORDER BY e.version, e.position)
 )
@@ -95,7 +92,7 @@ SELECT * FROM (
  ORDER BY r.position
 
 -- name: audit_events_count
-SELECT count(*) AS n FROM events
+SELECT count(*) AS n FROM log_range(0, 9223372036854775807) e
 
 -- name: audit_checkpoint_diff
 -- The log against what the checkpoints recorded of it, position by position:
@@ -111,7 +108,7 @@ WITH newest AS (
       FROM audit_checkpoints c, unnest(c.positions) WITH ORDINALITY AS p(position, i)
 ), present AS (
     SELECT e.position, e.hash, e.stream_id
-      FROM events e, newest n
+      FROM log_range(0, 9223372036854775807) e, newest n
      WHERE e.xid <= n.cursor_xid AND (e.xid, e.position) <= (n.cursor_xid, n.cursor_position)
     UNION ALL
     SELECT a.position, a.hash, a.stream_id
@@ -128,9 +125,10 @@ SELECT coalesce(s.position, p.position) AS position, s.seq, p.stream_id, s.hash 
 
 -- name: audit_archive_extent
 -- Below `archived_upper` events may have left for archive segments; from
--- `live_lower` on they are in the log's attached partitions.
+-- `live_lower` on they are in the log's attached partitions, live or packed.
 SELECT (SELECT coalesce(max(upper_position), 0) FROM archive_segments) AS archived_upper,
-       (SELECT coalesce(min(lower), 1) FROM log_partitions()) AS live_lower
+       coalesce(least((SELECT min(lower) FROM log_partitions()),
+                      (SELECT min(lower_position) FROM log_packs WHERE state = 'packed')), 1) AS live_lower
 
 -- name: audit_proof_events
 -- An execution's events as stored (the jsonb as the hash covers its text), with
@@ -141,9 +139,9 @@ SELECT e.position, e.xid::text::bigint AS xid, e.stream_type, e.stream_id, e.ver
        (SELECT c.seq FROM audit_checkpoints c
          WHERE (c.cursor_xid, c.cursor_position) >= (e.xid, e.position)
          ORDER BY c.cursor_xid, c.cursor_position LIMIT 1) AS checkpoint
-  FROM events e
- WHERE e.stream_id = %(id)s
-    OR e.stream_id IN (SELECT DISTINCT s.stream_id FROM events s WHERE s.workflow_id = %(id)s)
+  FROM (SELECT * FROM log_stream(%(id)s)
+        UNION
+        SELECT s.* FROM (SELECT DISTINCT w.stream_id FROM log_workflow(%(id)s) w) ws, log_stream(ws.stream_id) s) e
  ORDER BY e.stream_id, e.version, e.position
 
 -- name: audit_checkpoint_leaves

@@ -38,10 +38,9 @@ SELECT e.position, e.xid, e.stream_type, e.stream_id, e.version, e.type,
        event_upcast_version(e.type, e.schema_version) AS schema_version,
        event_read_data(e.type, e.schema_version, e.data, e.actor, e.occurred_at) AS data,
        coalesce(e.tags, j.tags, w.tags, '{}') AS tags, e.workflow_id, e.occurred_at, e.actor
-  FROM events e
+  FROM log_stream(%(stream_id)s) e
   LEFT JOIN jobs j ON e.stream_type = 'job' AND j.id = e.stream_id
   LEFT JOIN workflows w ON e.stream_type = 'workflow' AND w.id = e.stream_id
- WHERE e.stream_id = %(stream_id)s
  ORDER BY e.version
 
 -- name: events_of_workflow
@@ -49,10 +48,9 @@ SELECT e.position, e.xid, e.stream_type, e.stream_id, e.version, e.type,
        event_upcast_version(e.type, e.schema_version) AS schema_version,
        event_read_data(e.type, e.schema_version, e.data, e.actor, e.occurred_at) AS data,
        coalesce(e.tags, j.tags, w.tags, '{}') AS tags, e.workflow_id, e.occurred_at, e.actor
-  FROM events e
+  FROM log_workflow(%(workflow_id)s) e
   LEFT JOIN jobs j ON e.stream_type = 'job' AND j.id = e.stream_id
   LEFT JOIN workflows w ON e.stream_type = 'workflow' AND w.id = e.stream_id
- WHERE e.workflow_id = %(workflow_id)s
  ORDER BY e.position
 
 -- name: events_after
@@ -68,9 +66,13 @@ SELECT e.position, e.xid, e.stream_type, e.stream_id, e.version, e.type, e.schem
 -- name: events_tail_cursor
 -- Where "the live tail" starts: the last event that a gapless reader can see
 -- now, or `back` events before it (a page that opens with a little history).
-SELECT e.xid, e.position
-  FROM events e
- WHERE e.xid < pg_snapshot_xmin(pg_current_snapshot())
- ORDER BY e.xid DESC, e.position DESC
- OFFSET %(back)s
- LIMIT 1
+-- (log_tail_cursor: the live partitions and the packed ones.)
+SELECT xid, position FROM log_tail_cursor(%(back)s)
+
+-- name: log_read_lock
+-- The first statement (after SET TRANSACTION) of a reader that reads the log
+-- over many statements in one snapshot (replay, audit): a packed partition
+-- takes a live one's place (log_pack_finish) only once it is done, and its
+-- blocks, written before, may postdate the snapshot; taken before the
+-- snapshot, this lock makes the swap wait for the reader instead.
+LOCK TABLE events, events_packed IN ACCESS SHARE MODE

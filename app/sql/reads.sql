@@ -59,9 +59,9 @@ WITH wanted AS (
 ), by_actor AS (
     SELECT m.kind, m.id FROM matched m
      WHERE %(actor)s::text IS NULL
-        OR EXISTS (SELECT 1 FROM events e WHERE e.stream_id = m.id AND e.actor = %(actor)s)
+        OR EXISTS (SELECT 1 FROM log_stream(m.id) e WHERE e.actor = %(actor)s)
         OR (m.kind = 'workflow'
-            AND EXISTS (SELECT 1 FROM events e WHERE e.workflow_id = m.id AND e.actor = %(actor)s))
+            AND EXISTS (SELECT 1 FROM log_workflow(m.id) e WHERE e.actor = %(actor)s))
 ), found AS (
     SELECT 'job' AS kind, j.id, j.created_at FROM by_actor m JOIN jobs j ON j.id = m.id
      WHERE m.kind = 'job' AND %(wait_type)s::text IS NULL

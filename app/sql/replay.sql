@@ -8,8 +8,7 @@
 -- The positions a replay up to as_of walks through, and how many events.
 SELECT coalesce(min(position), 1) AS first_position, coalesce(max(position), 0) AS last_position,
        count(*) AS events
-  FROM events
- WHERE %(as_of)s::bigint IS NULL OR position <= %(as_of)s
+  FROM log_range(0, coalesce(%(as_of)s::bigint + 1, 9223372036854775807))
 
 -- name: replay_search_path
 -- The fold writes to the tables it finds first: the scratch ones.
@@ -48,6 +47,15 @@ SELECT t.tgname AS name, t.tgnewtable AS new_table, t.tgfoid::regproc::text AS f
  WHERE t.tgrelid = %(events)s::regclass AND NOT t.tgisinternal AND t.tgnewtable IS NOT NULL
  ORDER BY t.tgname
 
+-- name: replay_live_source
+-- The live log as replay_feed_load's source: a range of positions, live
+-- partitions and packed ones (log_range); or, given ids, those streams' events
+-- by key (log_stream: an as-of read or a swap folds a few streams of the whole
+-- log). The branch not taken is cut by its one-time filter.
+(SELECT e.* FROM log_range(%(lo)s, %(hi)s) e WHERE %(ids)s::uuid[] IS NULL
+ UNION ALL
+ SELECT e.* FROM unnest(%(ids)s::uuid[]) i(id), log_stream(i.id) e WHERE %(ids)s::uuid[] IS NOT NULL)
+
 -- name: replay_feed_trigger
 CREATE TRIGGER {trigger} AFTER INSERT ON {feed}
     REFERENCING NEW TABLE AS {new_table} FOR EACH STATEMENT EXECUTE FUNCTION {function}()
@@ -55,16 +63,16 @@ CREATE TRIGGER {trigger} AFTER INSERT ON {feed}
 -- name: replay_stream_events
 -- How many events the streams in ids have (up to as_of): a swap or an as-of
 -- read folds just those streams.
-SELECT count(*) AS events FROM events
- WHERE stream_id = ANY(%(ids)s::uuid[]) AND (%(as_of)s::bigint IS NULL OR position <= %(as_of)s)
+SELECT count(*) AS events FROM unnest(%(ids)s::uuid[]) i(id), log_stream(i.id) e
+ WHERE %(as_of)s::bigint IS NULL OR e.position <= %(as_of)s
 
 -- name: replay_position_at_time
 -- "As of time T" is the longest prefix of the log in which every event
 -- occurred at or before T. Positions are handed out at insert and occurred_at
 -- is the writing transaction's clock, so the prefix holds every event written
 -- before T and none that claims a later time.
-SELECT coalesce((SELECT min(position) - 1 FROM events WHERE occurred_at > %(at)s),
-                (SELECT coalesce(max(position), 0) FROM events)) AS position
+SELECT coalesce((SELECT min(position) - 1 FROM log_range(0, 9223372036854775807) e WHERE occurred_at > %(at)s),
+                (SELECT coalesce(max(position), 0) FROM log_range(0, 9223372036854775807) e)) AS position
 
 -- name: replay_repeatable_read
 -- The first statement of a rebuild: every chunk reads the same snapshot.
@@ -101,10 +109,16 @@ SELECT pg_current_snapshot()::text AS snapshot
 
 -- name: replay_streams_since
 -- Streams with events that the snapshot of the rebuild did not see: the swap
--- folds them again under its locks.
-SELECT DISTINCT stream_id FROM events
- WHERE xid >= pg_snapshot_xmin(%(snapshot)s::pg_snapshot)
-   AND NOT pg_visible_in_snapshot(xid, %(snapshot)s::pg_snapshot)
+-- folds them again under its locks. (Their partition may have been packed
+-- since: the packed blocks that reach that far are looked at too.)
+SELECT e.stream_id FROM events e
+ WHERE e.xid >= pg_snapshot_xmin(%(snapshot)s::pg_snapshot)
+   AND NOT pg_visible_in_snapshot(e.xid, %(snapshot)s::pg_snapshot)
+UNION
+SELECT u.stream_id FROM events_packed p, unnest(p.events) u
+ WHERE p.max_xid >= pg_snapshot_xmin(%(snapshot)s::pg_snapshot)
+   AND u.xid >= pg_snapshot_xmin(%(snapshot)s::pg_snapshot)
+   AND NOT pg_visible_in_snapshot(u.xid, %(snapshot)s::pg_snapshot)
 
 -- name: replay_lock_writers
 -- Writers append to events and, through events_project() and tokens_project(),
@@ -171,7 +185,7 @@ SELECT snapshot::text AS snapshot, as_of, last_position, events, built_at FROM {
 -- name: replay_scratch_meta_touch
 -- After a swap the scratch schema holds the whole log as of the swap.
 UPDATE {meta} SET snapshot = pg_current_snapshot(),
-                  last_position = (SELECT coalesce(max(position), 0) FROM events)
+                  last_position = (SELECT coalesce(max(position), 0) FROM log_range(0, 9223372036854775807) e)
 
 -- name: replay_forget
 DELETE FROM {target} WHERE id = ANY(%(ids)s::uuid[])
@@ -246,7 +260,7 @@ SELECT coalesce(c.queue, j.queue) AS queue, coalesce(c.status, j.status) AS stat
 
 -- name: replay_workflow_streams
 -- A workflow's own stream and its steps' job streams (events_workflow index).
-SELECT DISTINCT stream_id FROM events WHERE workflow_id = %(id)s AND position <= %(position)s
+SELECT DISTINCT stream_id FROM log_workflow(%(id)s) WHERE position <= %(position)s
 
 -- name: asof_job
 SELECT * FROM pg_temp.jobs WHERE id = %(id)s

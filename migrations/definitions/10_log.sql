@@ -16,11 +16,18 @@ CREATE OR REPLACE TRIGGER events_no_update_delete BEFORE UPDATE OR DELETE ON eve
 CREATE OR REPLACE TRIGGER events_no_truncate BEFORE TRUNCATE ON events
     FOR EACH STATEMENT EXECUTE FUNCTION events_refuse_change();
 
-CREATE OR REPLACE FUNCTION log_guard_partition(partition regclass) RETURNS void
+-- (`log`: events, or events_packed for a packed partition, migration 0019.)
+DROP FUNCTION IF EXISTS log_guard_partition(regclass);
+CREATE OR REPLACE FUNCTION log_guard_partition(partition regclass, log text DEFAULT 'events') RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    EXECUTE format('CREATE OR REPLACE TRIGGER events_no_truncate BEFORE TRUNCATE ON %s'
-                   ' FOR EACH STATEMENT EXECUTE FUNCTION events_refuse_change()', partition);
+    IF log = 'events' THEN
+        EXECUTE format('CREATE OR REPLACE TRIGGER events_no_truncate BEFORE TRUNCATE ON %s'
+                       ' FOR EACH STATEMENT EXECUTE FUNCTION events_refuse_change()', partition);
+    ELSE
+        EXECUTE format('CREATE OR REPLACE TRIGGER events_packed_no_truncate BEFORE TRUNCATE ON %s'
+                       ' FOR EACH STATEMENT EXECUTE FUNCTION events_refuse_change(%L)', partition, log);
+    END IF;
 END $$;
 
 SELECT log_guard_partition(inhrelid::regclass) FROM pg_inherits WHERE inhparent = 'events'::regclass;

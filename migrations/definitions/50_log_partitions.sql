@@ -18,6 +18,16 @@ CREATE OR REPLACE FUNCTION log_next_position() RETURNS bigint LANGUAGE sql STABL
     SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM events_position_seq
 $$;
 
+-- One maker of partitions at a time: the monitor's leader (log_maintain) and
+-- a command that closes the current partition (log_close_current, from qforge
+-- archive or qforge pack) would otherwise both make the next partition: one
+-- waits for the other's new table name while holding, or wanting, the lock on
+-- events that the other needs to attach it (a deadlock, seen beside a busy
+-- queue). Taken first, before any lock on events.
+CREATE OR REPLACE FUNCTION log_maintenance_lock() RETURNS void LANGUAGE sql AS $$
+    SELECT pg_advisory_xact_lock(5856490902593536017)  -- 0x5146_6F72_6765_0011 ("QForge" + 17)
+$$;
+
 -- Create partitions until partitions_ahead of them lie wholly beyond the next
 -- position; returns how many were made. A partition is made empty, outside the
 -- log, and then attached: ATTACH takes SHARE UPDATE EXCLUSIVE on events, which
@@ -27,10 +37,12 @@ DECLARE
     size bigint;
     ahead integer;
     top bigint;
-    next_position bigint := log_next_position();
+    next_position bigint;
     made integer := 0;
     name text;
 BEGIN
+    PERFORM log_maintenance_lock();
+    next_position := log_next_position();
     SELECT partition_size, partitions_ahead INTO size, ahead FROM log_settings;
     SELECT coalesce(max(upper), 1) INTO top FROM log_partitions();
     PERFORM set_config('qforge.log_maintenance', 'on', true);  -- see log_guard_ddl()
@@ -60,6 +72,7 @@ DECLARE
     size bigint := (SELECT partition_size FROM log_settings);
     empty regclass;
 BEGIN
+    PERFORM log_maintenance_lock();
     -- Appends take positions while they insert, under ROW EXCLUSIVE: with them
     -- held off for this transaction, the sequence can only move by our hand.
     LOCK TABLE events IN SHARE MODE;
@@ -98,12 +111,18 @@ BEGIN
        OR to_regclass('events') IS NULL THEN
         RETURN;
     END IF;
+    -- (A packed partition, events_packed_<lower> (52_log_pack.sql), is part of
+    -- the log once log_packs says it is packed; before, it is being filled.)
     IF TG_EVENT = 'sql_drop' THEN
         SELECT o.object_identity INTO loose FROM pg_event_trigger_dropped_objects() o
-         WHERE o.object_type = 'table' AND o.object_name ~ '^events_[0-9]{19}$' LIMIT 1;
+         WHERE o.object_type = 'table' AND o.object_name ~ '^events_(packed_)?[0-9]{19}$' LIMIT 1;
     ELSE  -- ddl_command_end: a log partition no longer attached (detached)
         SELECT c.oid::regclass::text INTO loose FROM pg_class c
-         WHERE c.relname ~ '^events_[0-9]{19}$' AND c.relkind = 'r'
+         WHERE (c.relname ~ '^events_[0-9]{19}$'
+                OR c.relname ~ '^events_packed_[0-9]{19}$'
+                   AND EXISTS (SELECT FROM log_packs l
+                                WHERE l.state = 'packed' AND log_pack_table(l.lower_position) = c.relname))
+           AND c.relkind = 'r'
            AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'events'::regclass)
            AND NOT EXISTS (SELECT FROM pg_inherits i WHERE i.inhrelid = c.oid)
          LIMIT 1;
@@ -180,9 +199,8 @@ BEGIN
     WITH scanned AS (
         -- (a workflow's own events name it in workflow_id too; the stream id
         -- covers any that do not)
-        SELECT DISTINCT coalesce(e.workflow_id, e.stream_id) AS id FROM events e
-         WHERE e.position >= from_position AND e.position < to_position
-           AND (e.workflow_id IS NOT NULL OR e.stream_type = 'workflow')
+        SELECT DISTINCT coalesce(e.workflow_id, e.stream_id) AS id FROM log_range(from_position, to_position) e
+         WHERE (e.workflow_id IS NOT NULL OR e.stream_type = 'workflow')
     ), leaving AS (
         SELECT w.id FROM workflows w JOIN scanned s ON s.id = w.id
          WHERE w.status = ANY(workflow_done) AND w.last_position < before
@@ -227,9 +245,8 @@ DECLARE
     tag_ids uuid[];
 BEGIN
     WITH scanned AS (
-        SELECT DISTINCT e.stream_id AS id FROM events e
-         WHERE e.position >= from_position AND e.position < to_position
-           AND e.stream_type = 'job' AND e.workflow_id IS NULL
+        SELECT DISTINCT e.stream_id AS id FROM log_range(from_position, to_position) e
+         WHERE e.stream_type = 'job' AND e.workflow_id IS NULL
     ), gone AS (
         DELETE FROM jobs j USING scanned s
          WHERE j.id = s.id AND j.workflow_id IS NULL AND j.status = ANY(job_done) AND j.last_position < before

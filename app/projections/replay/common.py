@@ -181,7 +181,7 @@ def fold_into(cur, schema: str | None, live: str, *, first: int, last: int, as_o
     cur.execute(q("replay_search_path"), {"path": f"{sql.Identifier(scratch).as_string(cur)}, "
                                                   f"{sql.Identifier(live).as_string(cur)}"})
     load = template("replay_feed_load", feed=feed,
-                    source=source if source is not None else sql.Identifier(live, "events"))
+                    source=source if source is not None else sql.SQL(q("replay_live_source")))
     clear = template("replay_feed_clear", feed=feed)
     part, parts = share if share is not None else (None, None)
     folded = 0

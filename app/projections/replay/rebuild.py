@@ -69,6 +69,7 @@ def rebuild(conn, schema: str = SCRATCH_SCHEMA, as_of_position: int | None = Non
             cur.execute(template("replay_scratch_meta", meta=names[META_TABLE]))
         with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             cur.execute(q("replay_repeatable_read"))
+            cur.execute(q("log_read_lock"))
             cur.execute(q("replay_work_mem"))
             cur.execute(q("replay_export_snapshot"))
             exported = cur.fetchone()["id"]

@@ -79,6 +79,7 @@ def verify_report(conn, *, progress: Progress | None = None, chunk_positions: in
     differences: list[Difference] = []
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(q("replay_repeatable_read"))
+        cur.execute(q("log_read_lock"))
         cur.execute(q("replay_work_mem"))
         live = live_schema(cur)
         cur.execute(q("replay_log_extent"), {"as_of": None}, prepare=False)

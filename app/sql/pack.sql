@@ -1,0 +1,52 @@
+-- qforge pack: closed partitions of the log packed into compressed blocks in
+-- the database (app/commands/pack.py; the functions are log_pack_* in
+-- migrations/definitions/52_log_pack.sql).
+
+-- name: pack_let_go_lock
+-- Packing and `qforge archive` both take partitions out of the live log: one
+-- at a time (a session lock: each runs as many short transactions). The
+-- archive waits for it; the monitor's packing does not (pack_let_go_try_lock).
+SELECT pg_advisory_lock(%(key)s)
+
+-- name: pack_let_go_try_lock
+SELECT pg_try_advisory_lock(%(key)s) AS locked
+
+-- name: pack_let_go_unlock
+SELECT pg_advisory_unlock(%(key)s)
+
+-- name: pack_candidates
+-- The live partitions packing may take: closed below the settled horizon (see
+-- archive_settle_lock) and ending `keep` positions or more before the next
+-- append's, not archived, oldest first.
+SELECT lower, upper FROM log_pack_candidates(%(horizon)s, %(keep)s)
+
+-- name: pack_begin
+SELECT log_pack_begin(%(lower)s) AS filled_to, log_pack_block() AS block
+
+-- name: pack_partition_extent
+-- How many events the live partition holds and where they end (a closed
+-- partition: nothing is added to it any more).
+SELECT count(*) AS events, max(position) AS last_position FROM {partition}
+
+-- name: pack_fill
+SELECT log_pack_fill(%(lower)s, %(up_to)s) AS events
+
+-- name: pack_lock_timeout
+-- The swap waits this long at most for each of its locks, then gives up and is
+-- tried again: a waiting ACCESS EXCLUSIVE request holds up every later reader
+-- and appender of the log while it waits.
+SELECT set_config('lock_timeout', %(timeout)s, true)
+
+-- name: pack_finish
+SELECT log_pack_finish(%(lower)s, %(events)s)
+
+-- name: pack_stats
+SELECT count(*) FILTER (WHERE state = 'packed') AS partitions, coalesce(sum(events) FILTER (WHERE state = 'packed'), 0) AS events
+  FROM log_packs
+
+-- name: pack_indexes
+SELECT log_pack_indexes(%(lower)s) AS statement
+
+-- name: pack_due
+-- Whether a partition may be ready for packing (no lock: pack() settles it).
+SELECT EXISTS (SELECT FROM log_pack_candidates(log_next_position(), %(keep)s)) AS due
