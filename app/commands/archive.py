@@ -48,6 +48,9 @@ from qforge.events.states import JOB_FINISHED, WORKFLOW_FINISHED
 from qforge.sql import q
 
 PARTITION_NAME = re.compile(r"^events_[0-9]{19}$")
+# Held by qforge archive and qforge pack (app/commands/pack.py) while they take
+# partitions out of the live log: one at a time.
+LET_GO_LOCK = 0x5146_6F72_6765_0010  # ("QForge" + 16, as the other lock keys)
 # Fault injection for the tests of crashes: QFORGE_ARCHIVE_FAULT=<step> kills
 # this process with SIGKILL when the step is reached (see STEPS).
 FAULT_ENV = "QFORGE_ARCHIVE_FAULT"
@@ -189,46 +192,55 @@ def archive(conn, directory: Path, *, older_than: timedelta | None = None, close
     directory.mkdir(parents=True, exist_ok=True)
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(q("archive_allow"))
-        if close_current:
-            cur.execute(q("archive_close_current"))
-            say(f"closed the current partition: new appends start at position {cur.fetchone()['boundary']}")
-            pace.look()
-        horizon = _settled_horizon(conn, cur)
-        # A run that stopped after recording a segment: finish letting its partition go.
-        cur.execute(q("archive_segments_recorded"))
-        for row in cur.fetchall():
-            if row["state"] == "sealed":
-                _check_on_disk(directory, row)
-                _release(cur, row["upper_position"], (row["first_position"], row["last_position"]), done, pace, say)
-                _let_go(cur, row["segment"], row["lower_position"], say)
-                done.segments.append(row["manifest"])
-        cur.execute(q("archive_partitions"), {"horizon": horizon})
-        partitions = cur.fetchall()
-        cutoff = datetime.now(timezone.utc) - older_than if older_than is not None else None
-        for part in partitions:
-            if not part["closed"]:
-                done.skipped.append(part["partition"])
-                break  # this one is being written; so are all after it
-            if cutoff is not None:
-                cur.execute(sql.SQL(q("archive_partition_last_occurred")).format(
-                    partition=_identifier(part["partition"])))
-                last = cur.fetchone()["last_occurred_at"]
-                if last is not None and last >= cutoff:
-                    done.skipped.append(part["partition"])
-                    break  # later partitions are younger still: the archive stays a prefix
-            manifest = _write_and_check(cur, directory, part, pace, say)
-            _fault("manifest")
-            _record(cur, manifest)
-            _fault("recorded")
-            _release(cur, manifest["partition"]["upper"], (manifest["first_position"], manifest["last_position"]),
-                     done, pace, say)
-            _fault("released")
-            _let_go(cur, manifest["segment"], part["lower"], say)
-            done.segments.append(manifest)
+        cur.execute(q("archive_let_go_lock"), {"key": LET_GO_LOCK})
+        try:
+            _archive(conn, cur, directory, older_than, close_current, pace, done, say)
+        finally:
+            cur.execute(q("archive_let_go_unlock"), {"key": LET_GO_LOCK})
     done.seconds = time.monotonic() - started
     done.rested = pace.rested
     done.busy_rests, done.rests = pace.busy_rests, pace.rests
     return done
+
+
+def _archive(conn, cur, directory: Path, older_than: timedelta | None, close_current: bool, pace: Pace,
+             done: Archived, say: Report) -> None:
+    """archive() with its session set up: the partitions, oldest first."""
+    if close_current:
+        cur.execute(q("archive_close_current"))
+        say(f"closed the current partition: new appends start at position {cur.fetchone()['boundary']}")
+        pace.look()
+    horizon = _settled_horizon(conn, cur)
+    # A run that stopped after recording a segment: finish letting its partition go.
+    cur.execute(q("archive_segments_recorded"))
+    for row in cur.fetchall():
+        if row["state"] == "sealed":
+            _check_on_disk(directory, row)
+            _release(cur, row["upper_position"], (row["first_position"], row["last_position"]), done, pace, say)
+            _let_go(cur, row["segment"], row["lower_position"], say)
+            done.segments.append(row["manifest"])
+    cur.execute(q("archive_partitions"), {"horizon": horizon})
+    partitions = cur.fetchall()
+    cutoff = datetime.now(timezone.utc) - older_than if older_than is not None else None
+    for part in partitions:
+        if not part["closed"]:
+            done.skipped.append(part["partition"])
+            break  # this one is being written; so are all after it
+        if cutoff is not None:
+            cur.execute(sql.SQL(q("archive_partition_last_occurred")).format(partition=_source(part)))
+            last = cur.fetchone()["last_occurred_at"]
+            if last is not None and last >= cutoff:
+                done.skipped.append(part["partition"])
+                break  # later partitions are younger still: the archive stays a prefix
+        manifest = _write_and_check(cur, directory, part, pace, say)
+        _fault("manifest")
+        _record(cur, manifest)
+        _fault("recorded")
+        _release(cur, manifest["partition"]["upper"], (manifest["first_position"], manifest["last_position"]),
+                 done, pace, say)
+        _fault("released")
+        _let_go(cur, manifest["segment"], part["lower"], say)
+        done.segments.append(manifest)
 
 
 def _identifier(partition: str) -> sql.Identifier:
@@ -236,6 +248,17 @@ def _identifier(partition: str) -> sql.Identifier:
     if not PARTITION_NAME.match(name):
         raise ArchiveError(f"{partition} is not a partition of the log")
     return sql.Identifier(name)
+
+
+def _source(part: dict[str, Any], window: bool = False) -> sql.Composable:
+    """What to read a partition's events from: the live partition's table, or for a packed
+    one its range of the log (log_range; with window, only the positions [%(from)s, %(to)s)
+    that the query is given, so that a window unpacks only its own blocks)."""
+    if not part.get("packed"):
+        return _identifier(part["partition"])
+    if window:
+        return sql.SQL("log_range(%(from)s, %(to)s)")
+    return sql.SQL("log_range({}, {})").format(sql.Literal(part["lower"]), sql.Literal(part["upper"]))
 
 
 def _settled_horizon(conn, cur) -> int:
@@ -249,10 +272,10 @@ def _settled_horizon(conn, cur) -> int:
 
 def _write_and_check(cur, directory: Path, part: dict[str, Any], pace: Pace, say: Report) -> dict[str, Any]:
     name = segments.segment_name(part["lower"], part["upper"])
-    partition = _identifier(part["partition"])
-    cur.execute(sql.SQL(q("archive_partition_summary")).format(partition=partition))
+    cur.execute(sql.SQL(q("archive_partition_summary")).format(partition=_source(part)))
     summary = cur.fetchone()
-    lines = _partition_lines(cur, partition, summary["first_position"], summary["last_position"], pace)
+    lines = _partition_lines(cur, _source(part, window=True), summary["first_position"], summary["last_position"],
+                             pace)
     summary = {**summary, "first_occurred_at": _iso(summary["first_occurred_at"]),
                "last_occurred_at": _iso(summary["last_occurred_at"])}
     written, wrote = segments.write_segment(directory, name, part["lower"], part["upper"], lines, summary)
@@ -269,7 +292,7 @@ def _iso(moment) -> str | None:
     return None if moment is None else moment.astimezone(timezone.utc).isoformat()
 
 
-def _partition_lines(cur, partition: sql.Identifier, first: int | None, last: int | None,
+def _partition_lines(cur, partition: sql.Composable, first: int | None, last: int | None,
                      pace: Pace) -> Iterator[bytes]:
     """The partition's segment lines in position order, READ_WINDOW positions per COPY
     (the partition is closed: nothing is added to it between two), resting between."""
@@ -367,18 +390,28 @@ def _check_on_disk(directory: Path, row: dict[str, Any]) -> None:
 
 
 def _let_go(cur, segment: str, lower: int, say: Report) -> None:
-    name = f"events_{lower:019d}"
+    """Detach and drop the partition at `lower`: the live one, or the packed one (qforge
+    pack); a table of blocks still being filled for it goes too."""
+    cur.execute(q("archive_pack_state"), {"lower": lower})
+    pack = cur.fetchone()
+    packed = pack is not None and pack["state"] == "packed"
+    name = f"events_packed_{lower:019d}" if packed else f"events_{lower:019d}"
     cur.execute(q("archive_detached_table"), {"name": name})
     found = cur.fetchone()
-    partition = sql.Identifier(name)
+    partition, log = sql.Identifier(name), sql.Identifier("events_packed" if packed else "events")
     if found["name"] is not None:
         if found["attached"]:
             if found["pending"]:
-                cur.execute(sql.SQL(q("archive_detach_finalize")).format(partition=partition))
+                cur.execute(sql.SQL(q("archive_detach_finalize")).format(log=log, partition=partition))
             else:
-                cur.execute(sql.SQL(q("archive_detach")).format(partition=partition))
+                cur.execute(sql.SQL(q("archive_detach")).format(log=log, partition=partition))
             _fault("detached")
         cur.execute(sql.SQL(q("archive_drop")).format(partition=partition))
         _fault("dropped")
+    if pack is not None:
+        if not packed:  # its blocks were being filled: they go with it
+            cur.execute(sql.SQL(q("archive_drop_if_exists")).format(
+                partition=sql.Identifier(f"events_packed_{lower:019d}")))
+        cur.execute(q("archive_pack_forget"), {"lower": lower})
     cur.execute(q("archive_mark_dropped"), {"segment": segment})
     say(f"{segment}: partition {name} detached and dropped")

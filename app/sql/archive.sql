@@ -22,12 +22,17 @@ SELECT log_next_position()
 
 -- name: archive_partitions
 -- The log's partitions from the archived prefix on, oldest first, and whether
--- every position in them is settled (below the horizon of archive_settle_lock).
+-- every position in them is settled (below the horizon of archive_settle_lock):
+-- the live ones, and the packed ones (qforge pack: closed).
 SELECT p.partition::text AS partition, p.lower, p.upper,
-       p.upper <= %(horizon)s AS closed
+       p.upper <= %(horizon)s AS closed, false AS packed
   FROM log_partitions() p
  WHERE p.lower >= log_archived_before()
- ORDER BY p.lower
+UNION ALL
+SELECT log_pack_table(l.lower_position), l.lower_position, l.upper_position, true, true
+  FROM log_packs l
+ WHERE l.state = 'packed' AND l.lower_position >= log_archived_before()
+ ORDER BY 2
 
 -- name: archive_partition_last_occurred
 SELECT max(occurred_at) AS last_occurred_at FROM {partition}
@@ -101,11 +106,29 @@ SELECT set_config('qforge.archiving', 'on', false), set_config('max_parallel_wor
 -- name: archive_detach
 -- CONCURRENTLY: appends and reads of the other partitions go on meanwhile.
 -- It runs as two transactions; a crash between them leaves the partition
--- "detach pending", which archive_detach_finalize completes.
-ALTER TABLE events DETACH PARTITION {partition} CONCURRENTLY
+-- "detach pending", which archive_detach_finalize completes. ({log}: events,
+-- or events_packed for a packed partition.)
+ALTER TABLE {log} DETACH PARTITION {partition} CONCURRENTLY
 
 -- name: archive_detach_finalize
-ALTER TABLE events DETACH PARTITION {partition} FINALIZE
+ALTER TABLE {log} DETACH PARTITION {partition} FINALIZE
+
+-- name: archive_pack_state
+-- Whether the partition at `lower` is packed, or being packed (its blocks'
+-- table beside the log, to go with it).
+SELECT state FROM log_packs WHERE lower_position = %(lower)s
+
+-- name: archive_pack_forget
+-- The partition is archived and gone: so is its record of packing.
+DELETE FROM log_packs WHERE lower_position = %(lower)s
+
+-- name: archive_let_go_lock
+-- One of qforge archive and qforge pack takes partitions out of the live log
+-- at a time (app/commands/pack.py).
+SELECT pg_advisory_lock(%(key)s)
+
+-- name: archive_let_go_unlock
+SELECT pg_advisory_unlock(%(key)s)
 
 -- name: archive_detached_table
 -- The partition's table if it still exists, whether it is attached, and
@@ -134,5 +157,9 @@ SELECT segment, first_position, last_position
 SELECT log_archived_before() AS before, count(*) AS segments FROM archive_segments
 
 -- name: archive_live_start
--- Where the live log starts: its oldest partition still attached.
-SELECT min(lower) AS lower FROM log_partitions()
+-- Where the live log starts: its oldest partition still attached, live or packed.
+SELECT least((SELECT min(lower) FROM log_partitions()),
+             (SELECT min(lower_position) FROM log_packs WHERE state = 'packed')) AS lower
+
+-- name: archive_drop_if_exists
+DROP TABLE IF EXISTS {partition}
