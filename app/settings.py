@@ -51,6 +51,15 @@ class Settings(BaseSettings):
     api_token: str | None = None
     # Where `qforge archive` writes segments when --to is not given.
     archive_dir: str | None = None
+    # The monitor's leader looks this often for closed partitions of the log to
+    # pack (0: never; `qforge pack` still does); packs at most this share of the
+    # time, and this smaller one while the queue is busy; and leaves live the
+    # partitions within this many positions of the head (catch-ups and recent
+    # histories read rows there fastest).
+    log_pack_seconds: float = Field(default=60, ge=0)
+    log_pack_duty: float = Field(default=0.2, gt=0, le=1)
+    log_pack_busy_duty: float = Field(default=0.1, gt=0, le=1)
+    log_pack_keep: int = Field(default=10_000_000, ge=0)
     # GET /events/stream also takes ?token= (puts the secret in URLs and access
     # logs: tickets from POST /events/stream-ticket are the way).
     stream_query_token: bool = False

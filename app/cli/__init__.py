@@ -127,6 +127,22 @@ def _archive_arguments(parser: argparse.ArgumentParser) -> None:
                         help="lower this process's CPU priority by N (default 10; 0 leaves it)")
 
 
+def _pack_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--close-current", action="store_true",
+                        help="first close the partition being written, so everything up to now is packed")
+    parser.add_argument("--duty", type=float, default=1.0, metavar="SHARE",
+                        help="the share of the time packing works, resting the rest (0 < SHARE <= 1;"
+                             " default 1: the monitor's leader packs at QFORGE_LOG_PACK_DUTY)")
+    parser.add_argument("--busy-duty", type=float, default=None, metavar="SHARE",
+                        help="the share while the queue is busy (the log growing by 100 events/s or more),"
+                             " at most --duty (default: --duty)")
+    parser.add_argument("--keep", type=int, default=0, metavar="POSITIONS",
+                        help="leave live the partitions that end within this many positions of the head"
+                             " (default 0: every closed partition)")
+    parser.add_argument("--nice", type=int, default=10, metavar="N",
+                        help="lower this process's CPU priority by N (default 10; 0 leaves it)")
+
+
 def _history_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("id", help="a job's or a workflow's id")
     parser.add_argument("--archive", type=Path, default=None, metavar="DIR",
@@ -160,6 +176,8 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("audit", "the tamper-evident log: checkpoint, head, verify, export", "audit", _audit_arguments),
     Subcommand("archive", "write closed partitions of the log to archive segments, then drop them;"
                " or verify an archive", "archive", _archive_arguments),
+    Subcommand("pack", "pack closed partitions of the log into compressed blocks, in the database"
+               " (the monitor's leader does it too)", "pack", _pack_arguments),
     Subcommand("history", "print an execution's events, from the archive and the live log", "history",
                _history_arguments),
     Subcommand("token", "create, list and revoke API tokens", "token", _token_arguments),

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import psycopg
 
-from qforge.cli.common import complain, database_url, wait_for_schema
+from qforge.cli.common import batch_job_url, complain, database_url
 from qforge.commands.archive import ArchiveError, archive
 from qforge.db import connect
 from qforge.events.archive_check import verify_archive
@@ -26,18 +25,9 @@ def run(args: argparse.Namespace) -> int:
     if directory is None:
         complain("archive", "where to? give --to DIR or set QFORGE_ARCHIVE_DIR")
         return 2
-    for option, share in (("--duty", args.duty), ("--busy-duty", args.busy_duty)):
-        if share is not None and not 0 < share <= 1:
-            complain("archive", f"{option} is a share of the time, 0 < SHARE <= 1, not {share}")
-            return 2
-    if args.nice < 0:
-        complain("archive", f"--nice lowers the priority: N >= 0, not {args.nice}")
+    url = batch_job_url("archive", args, {"--duty": args.duty, "--busy-duty": args.busy_duty})
+    if url is None:
         return 2
-    url = database_url("archive", getattr(args, "database_url", None))
-    if url is None or not wait_for_schema("archive", url):
-        return 2
-    # A batch job: the queue's own processes on this machine go first.
-    os.nice(args.nice)
     try:
         with connect(url, autocommit=True) as conn:
             done = archive(conn, Path(directory), older_than=args.older_than, close_current=args.close_current,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 
@@ -29,6 +30,24 @@ def database_url(command: str, explicit: str | None) -> str | None:
     except EmbeddedPostgresError as exc:
         complain(command, exc)
         return None
+
+
+def batch_job_url(command: str, args, shares: dict[str, float | None]) -> str | None:
+    """The database URL for a batch job beside a live queue (archive, pack), its schema
+    ready, and this process niced by --nice; None after saying what is wrong (a share of
+    the time in `shares` outside (0, 1], a negative --nice)."""
+    for option, share in shares.items():
+        if share is not None and not 0 < share <= 1:
+            complain(command, f"{option} is a share of the time, 0 < SHARE <= 1, not {share}")
+            return None
+    if args.nice < 0:
+        complain(command, f"--nice lowers the priority: N >= 0, not {args.nice}")
+        return None
+    url = database_url(command, getattr(args, "database_url", None))
+    if url is None or not wait_for_schema(command, url):
+        return None
+    os.nice(args.nice)  # a batch job: the queue's own processes on this machine go first
+    return url
 
 
 def configure_logging(settings: Settings) -> None:

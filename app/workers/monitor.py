@@ -1,15 +1,19 @@
-"""The monitor: one leader at a time recovers stale jobs, fires timers, marks silent workers gone and checkpoints the log.
+"""The monitor: one leader at a time recovers stale jobs, fires timers, marks silent workers gone, checkpoints and packs the log.
 
 Leadership is a session advisory lock held by the monitor's own connection.
 Any number of monitors may run: the others retry the lock every tick, and when
 the leader dies its connection closes, the lock frees and one of them takes
 over. The leader does its work on that same connection, so if the connection
 breaks it stops acting at once (its lock is gone too) and competes again.
+Packing closed partitions of the log (qforge.commands.pack) takes minutes for a
+big partition: the leader runs it on a thread and a connection of its own
+(Packer), so the tick's duties never wait for it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from datetime import datetime, timezone
 from typing import Callable
@@ -19,6 +23,7 @@ from psycopg.rows import tuple_row
 
 from qforge.commands import workers
 from qforge.commands.manage import recover_stale
+from qforge.commands.pack import pack
 from qforge.commands.schedules import fire_due, next_due
 from qforge.commands.subflows import finish_parents
 from qforge.commands.workflows import fire_deadlines, fire_timers
@@ -44,6 +49,8 @@ class Monitor:
         self.stopping = False
         self.judge_after = float("-inf")  # no stale-job recovery or worker sweep before this (monotonic)
         self.checkpoint_after = float("-inf")  # next audit checkpoint (monotonic)
+
+        self.packer: Packer | None = None
 
     def stop(self, *_: object) -> None:
         """Signal-safe: only sets a flag that the loop checks."""
@@ -76,6 +83,7 @@ class Monitor:
                         if leader:
                             log.info("monitor %s is the leader", self.name)
                             waiting_logged = False
+                            self._start_packer()
                         elif not waiting_logged:
                             log.info("monitor %s is waiting: another monitor leads", self.name)
                             waiting_logged = True
@@ -101,8 +109,17 @@ class Monitor:
                     self._sleep(max(tick, backoff.next_delay()))
         finally:
             _close(conn)  # frees the lock now rather than when the server notices
+            if self.packer is not None:
+                self.packer.stop()
         log.info("monitor %s stopped", self.name)
         return 0
+
+    def _start_packer(self) -> None:
+        """The leader packs the log's closed partitions (once started it goes on even if
+        leadership passes: packing takes turns through its own lock, never twice at once)."""
+        if self.packer is None and self.settings.log_pack_seconds > 0:
+            self.packer = Packer(self.url, self.settings)
+            self.packer.start()
 
     def _until_next_schedule(self, conn: psycopg.Connection, tick: float) -> float:
         """Sleep a tick, or less when a schedule's next tick comes sooner (a tick a second fires on time)."""
@@ -171,6 +188,40 @@ class Monitor:
             if left <= 0:
                 return
             time.sleep(min(left, SLEEP_SLICE_SECONDS))
+
+
+class Packer(threading.Thread):
+    """Every QFORGE_LOG_PACK_SECONDS, packs the closed partitions of the log that end
+    QFORGE_LOG_PACK_KEEP positions or more before the head, if any, at most
+    QFORGE_LOG_PACK_DUTY of the time (QFORGE_LOG_PACK_BUSY_DUTY while the queue is busy), on
+    its own connection; skips a round while `qforge archive` (or another pack) is at work.
+    Stopped between two windows of a pack: the next one goes on from it."""
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        super().__init__(name="qforge-packer", daemon=True)
+        self.url, self.settings, self.every = url, settings, settings.log_pack_seconds
+        self.stopping = threading.Event()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=30)
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.every):
+            try:
+                with connect(self.url, "qforge-monitor packer") as conn:
+                    keep = self.settings.log_pack_keep
+                    if conn.execute(q("pack_due"), {"keep": keep}).fetchone()[0]:
+                        done = pack(conn, duty=self.settings.log_pack_duty,
+                                    busy_duty=self.settings.log_pack_busy_duty, keep=keep, wait=False,
+                                    stop=self.stopping.is_set, report=lambda line: log.info("pack: %s", line))
+                        if done.partitions:
+                            log.info("packed %d partition(s) of the log, %d events, in %.1fs",
+                                     len(done.partitions), done.events, done.seconds)
+            except psycopg.Error as exc:  # the next round tries again
+                log.warning("packing the log failed (%s); trying again in %gs", describe(exc), self.every)
+            except Exception:  # noqa: BLE001 - a thread's error would vanish otherwise
+                log.exception("packing the log failed; trying again in %gs", self.every)
 
 
 def _close(conn: psycopg.Connection | None) -> None:
