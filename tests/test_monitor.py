@@ -62,3 +62,29 @@ def test_a_tick_recovers_stale_jobs_fires_timers_and_marks_silent_workers_gone(c
     assert registry(conn, "silent")["status"] == "gone"
     assert registry(conn, "alive")["status"] == "running"
     assert [w["name"] for w in live_workers(conn, 10)] == ["alive"]
+
+
+def test_the_leader_packs_closed_partitions_of_the_log_without_holding_up_its_tick(conn, procs: Processes):
+    conn.execute("UPDATE log_settings SET partition_size = 100, partitions_ahead = 4")
+    conn.execute("SELECT log_close_current()")
+    jobs = add_jobs(conn, *[{"task": "echo"} for _ in range(250)])  # positions 1-250: three partitions
+    conn.execute("SELECT log_close_current()")
+    before = conn.execute("SELECT * FROM events_after_page('0'::xid8, 0, 1000)").fetchall()
+
+    last = before[-1]["position"]  # (the newest closed partition, within QFORGE_LOG_PACK_KEEP of the head, stays live)
+    monitor = procs.monitor({"QFORGE_LOG_PACK_SECONDS": "0.2", "QFORGE_LOG_PACK_DUTY": "1",
+                             "QFORGE_LOG_PACK_KEEP": "100"})
+    monitor.wait_log("is the leader")
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM log_packs WHERE state = 'packed'") >= 2, timeout=20,
+             message="the closed partitions to be packed")
+    assert scalar(conn, "SELECT count(*) FROM log_packs") == 2
+    assert scalar(conn, "SELECT count(*) FROM events WHERE position = %s", last) == 1
+    # The tick went on meanwhile: a job claimed by a worker that never beats is recovered.
+    claim(conn, ["default"], 1, "zombie")
+    assert recovered_by(conn, jobs[0]) == f"monitor:{monitor.default_name}"
+
+    assert "packed" in monitor.log()
+    assert scalar(conn, "SELECT count(*) FROM events_packed") > 0
+    assert conn.execute("SELECT * FROM events_after_page('0'::xid8, 0, 1000)").fetchall()[:len(before)] == before
+    monitor.signal(signal.SIGTERM)
+    assert monitor.wait(timeout=10) == 0
