@@ -69,11 +69,15 @@ def reusable_history(admin_url: str, jobs: int) -> dict[str, Any] | None:
     return None if row is None else {**row[0], "reused": True}
 
 
-def generate_history(url: str, jobs: int, *, parallel: int = 2, log=print) -> dict[str, Any]:
-    """Append `jobs` finished jobs (3 events each) and their rows; VACUUM ANALYZE; time every phase."""
+def generate_history(url: str, jobs: int, *, parallel: int = 2, partition_size: int | None = None,
+                     log=print) -> dict[str, Any]:
+    """Append `jobs` finished jobs (3 events each) and their rows, in partitions of `partition_size`
+    positions (default: the schema's); VACUUM ANALYZE; time every phase."""
     started = time.perf_counter()
     base_ms = int(time.time() * 1000) - jobs - 86_400_000  # all in the past, a day before now
     with psycopg.connect(url, autocommit=True) as conn:
+        if partition_size:
+            conn.execute(QUERIES["history_partition_size"], {"size": partition_size})
         conn.execute(QUERIES["history_id_function"])
         conn.execute(QUERIES["history_partitions"], {"positions": 3 * jobs})
     chunks = [(lo, min(lo + HISTORY_CHUNK_JOBS, jobs)) for lo in range(0, jobs, HISTORY_CHUNK_JOBS)]
@@ -111,9 +115,10 @@ def generate_history(url: str, jobs: int, *, parallel: int = 2, log=print) -> di
         conn.execute("VACUUM (ANALYZE) events")
         sizes = conn.execute(QUERIES["history_sizes"]).fetchone()
     total = time.perf_counter() - started
-    record = {"jobs": jobs, "events": 3 * jobs, "insert_s": inserted, "total_s": total,
-              "events_bytes": sizes[0], "jobs_bytes": sizes[1]}
     with psycopg.connect(url, autocommit=True) as conn:
+        size = conn.execute("SELECT partition_size FROM log_settings").fetchone()[0]
+        record = {"jobs": jobs, "events": 3 * jobs, "insert_s": inserted, "total_s": total,
+                  "events_bytes": sizes[0], "jobs_bytes": sizes[1], "partition_size": size}
         conn.execute("CREATE TABLE bench_history_meta (jobs bigint, schema text, record jsonb)")
         conn.execute("INSERT INTO bench_history_meta VALUES (%s, %s, %s)",
                      (jobs, schema_fingerprint(), Jsonb(record)))

@@ -68,6 +68,15 @@ WITH wanted AS (
 )
 SELECT log_maintain() FROM wanted
 
+-- name: history_partition_size
+-- Partitions of `size` positions from the start (log_close_current makes the
+-- empty ones again at the new size): a history that spans several, as a large
+-- log does with the default size.
+WITH sized AS (
+    UPDATE log_settings SET partition_size = %(size)s RETURNING partition_size
+)
+SELECT log_close_current() FROM sized
+
 -- name: history_counts
 -- The counters the skipped triggers would have kept.
 INSERT INTO queue_counts AS c (queue, status, n)
@@ -82,3 +91,14 @@ SELECT bench_history_id(%(ms)s, %(n)s)
 SELECT (SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0) FROM pg_inherits
          WHERE inhparent = 'events'::regclass)::bigint AS events_bytes,
        pg_total_relation_size('jobs') AS jobs_bytes
+
+
+-- name: log_sizes
+-- Bytes (with TOAST and indexes) and events of the log's live partitions and of
+-- its packed ones (qforge pack: events_packed).
+SELECT (SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0) FROM pg_inherits
+         WHERE inhparent = 'events'::regclass)::bigint AS live_bytes,
+       (SELECT count(*) FROM events) AS live_events,
+       (SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0) FROM pg_inherits
+         WHERE inhparent = 'events_packed'::regclass)::bigint AS packed_bytes,
+       (SELECT coalesce(sum(events), 0) FROM log_packs WHERE state = 'packed')::bigint AS packed_events

@@ -161,14 +161,29 @@ def markdown_table(results: dict[str, Any]) -> str:
         for key, label in labels.items():
             if key in scale["ratios"]:
                 rows.append((f"scale: {label}, {n} events / empty", only(_cell(scale["ratios"][key], _ratio))))
+            for side, ratios in scale.get("packed_ratios", {}).items():
+                if key in ratios:
+                    rows.append((f"scale: {label}, {n} events {side} / empty (/ unpacked)",
+                                 only(f"{_cell(ratios[key], _ratio)}"
+                                      f" ({_cell(scale['packed_over_unpacked'][side][key], _ratio)})")))
+        for side, pack in scale.get("pack", {}).items():
+            per = pack["bytes_per_event"]
+            rows += [
+                (f"scale: {side}: pack, events/s ({pack['events']:,} events, {pack['partitions']} partitions)",
+                 only(f"{_int(pack['events_per_s'] or 0)} in {pack['seconds']:.0f} s")),
+                (f"scale: {side}: bytes per event of the log, before / after packing (packed blocks alone)",
+                 only(f"{_number(per['before'])} / {_number(per['after'])} ({_number(per['packed'])})")),
+            ]
         if scale.get("drain_ratio") is not None:
             rows.append(("scale: drain while qforge archive runs / without", only(_ratio(scale["drain_ratio"]))))
         archive = scale.get("archive", {})
         if archive.get("events_per_s"):
             rows.append(("scale: archive, events/s", only(_int(archive["events_per_s"]))))
-        per = scale.get("bytes_per_event", {})
-        rows.append(("scale: bytes per event, database / archive raw / archive compressed",
-                     only(" / ".join(_number(per.get(k)) for k in ("database", "archive_raw", "archive_compressed")))))
+        per = scale.get("bytes_per_event")
+        if per:  # (the drain beside `qforge archive`: left out with --no-archive)
+            rows.append(("scale: bytes per event, database / archive raw / archive compressed",
+                         only(" / ".join(_number(per.get(k))
+                                         for k in ("database", "archive_raw", "archive_compressed")))))
     header = "| figure: median (min–max) | " + " | ".join(NAMES[n] for n in systems) + " |"
     lines = [header, "|" + " --- |" * (len(systems) + 1)]
     lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows]

@@ -396,6 +396,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sse-seconds", type=float, default=10.0)
     parser.add_argument("--scale-events", type=int, default=50_000_000,
                         help="events in the scale part's large history (bench/qf_scale.py)")
+    parser.add_argument("--scale-pack", action="append", default=[], choices=("closed", "all"),
+                        help="the scale part also measures a copy of the history with its log packed (qf_scale.py"
+                             " --pack); repeatable")
+    parser.add_argument("--scale-partition-size", type=int, default=None,
+                        help="positions per partition of the scale part's history (qf_scale.py --partition-size)")
     parser.add_argument("--out", default=str(BENCH_DIR / "results"), help="folder for the JSON and the logs")
     args = parser.parse_args(argv)
     if not args.database_url:
@@ -457,7 +462,9 @@ def main(argv: list[str] | None = None) -> int:
             import qf_scale
 
             results["scale"] = qf_scale.run_scale(args.database_url, events=args.scale_events, repeat=args.repeat,
-                                                  claim_jobs=args.claim_jobs, log_dir=bench.log_dir, log=log)
+                                                  claim_jobs=args.claim_jobs, log_dir=bench.log_dir, log=log,
+                                                  pack=tuple(dict.fromkeys(args.scale_pack)),
+                                                  partition_size=args.scale_partition_size)
         if "qforge" in wanted and "flow" in parts:
             import qf_flow
 
