@@ -117,12 +117,19 @@ def _archive_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only partitions whose last event is older than this (30d, 12h, ...)")
     parser.add_argument("--close-current", action="store_true",
                         help="first close the partition being written, so everything up to now can go")
-    parser.add_argument("--duty", type=float, default=None, metavar="SHARE",
-                        help="the share of the time the archive works, resting the rest, so a live queue"
-                             " keeps its pace (0 < SHARE <= 1; default QFORGE_ARCHIVE_DUTY or 0.5)")
+    _batch_job_arguments(parser, "the archive", None, "QFORGE_ARCHIVE_DUTY or 0.5",
+                         "QFORGE_ARCHIVE_BUSY_DUTY or 0.1")
+
+
+def _batch_job_arguments(parser: argparse.ArgumentParser, what: str, duty: float | None, duty_default: str,
+                         busy_default: str) -> None:
+    """--duty, --busy-duty and --nice of a batch job beside a live queue (archive, pack)."""
+    parser.add_argument("--duty", type=float, default=duty, metavar="SHARE",
+                        help=f"the share of the time {what} works, resting the rest, so a live queue"
+                             f" keeps its pace (0 < SHARE <= 1; default {duty_default})")
     parser.add_argument("--busy-duty", type=float, default=None, metavar="SHARE",
                         help="the share while the queue is busy (the log growing by 100 events/s or more),"
-                             " at most --duty (default QFORGE_ARCHIVE_BUSY_DUTY or 0.1)")
+                             f" at most --duty (default {busy_default})")
     parser.add_argument("--nice", type=int, default=10, metavar="N",
                         help="lower this process's CPU priority by N (default 10; 0 leaves it)")
 
@@ -130,17 +137,11 @@ def _archive_arguments(parser: argparse.ArgumentParser) -> None:
 def _pack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--close-current", action="store_true",
                         help="first close the partition being written, so everything up to now is packed")
-    parser.add_argument("--duty", type=float, default=1.0, metavar="SHARE",
-                        help="the share of the time packing works, resting the rest (0 < SHARE <= 1;"
-                             " default 1: the monitor's leader packs at QFORGE_LOG_PACK_DUTY)")
-    parser.add_argument("--busy-duty", type=float, default=None, metavar="SHARE",
-                        help="the share while the queue is busy (the log growing by 100 events/s or more),"
-                             " at most --duty (default: --duty)")
     parser.add_argument("--keep", type=int, default=0, metavar="POSITIONS",
                         help="leave live the partitions that end within this many positions of the head"
                              " (default 0: every closed partition)")
-    parser.add_argument("--nice", type=int, default=10, metavar="N",
-                        help="lower this process's CPU priority by N (default 10; 0 leaves it)")
+    _batch_job_arguments(parser, "packing", 1.0, "1; the monitor's leader packs at QFORGE_LOG_PACK_DUTY",
+                         "--duty")
 
 
 def _history_arguments(parser: argparse.ArgumentParser) -> None:

@@ -129,6 +129,13 @@ class Pace:
         self.since = time.monotonic()
 
 
+def paced(conn, duty: float, busy_duty: float | None) -> Pace:
+    """A Pace that tells a busy queue by how far the log on `conn` has come (qforge archive,
+    qforge pack)."""
+    return Pace(duty, busy_duty,
+                lambda: conn.cursor(row_factory=tuple_row).execute(q("archive_log_position")).fetchone()[0])
+
+
 def _share(env: str, default: float) -> float:
     raw = os.environ.get(env)
     try:
@@ -183,9 +190,8 @@ def archive(conn, directory: Path, *, older_than: timedelta | None = None, close
     if not conn.autocommit:
         raise ValueError("archive needs an autocommit connection (DETACH CONCURRENTLY runs as its own transactions)")
     say = report or (lambda _line: None)
-    pace = Pace(default_duty() if duty is None else duty,
-                default_busy_duty() if busy_duty is None else busy_duty,
-                lambda: conn.cursor(row_factory=tuple_row).execute(q("archive_log_position")).fetchone()[0])
+    pace = paced(conn, default_duty() if duty is None else duty,
+                 default_busy_duty() if busy_duty is None else busy_duty)
     started = time.monotonic()
     done = Archived()
     directory = Path(directory)

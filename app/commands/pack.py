@@ -36,9 +36,9 @@ from typing import Callable
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import dict_row
 
-from qforge.commands.archive import LET_GO_LOCK, Pace, _identifier, _settled_horizon
+from qforge.commands.archive import LET_GO_LOCK, Pace, _identifier, _settled_horizon, paced
 from qforge.sql import q
 
 FILL_BLOCKS = 500  # blocks (of log_pack_block() positions) packed per transaction
@@ -85,15 +85,14 @@ def pack(conn, *, close_current: bool = False, duty: float = 1.0, busy_duty: flo
     if not conn.autocommit:
         raise ValueError("pack needs an autocommit connection (each window is its own transaction)")
     say = report or (lambda _line: None)
-    pace = Pace(duty, busy_duty,
-                lambda: conn.cursor(row_factory=tuple_row).execute(q("archive_log_position")).fetchone()[0])
+    pace = paced(conn, duty, busy_duty)
     started = time.monotonic()
     done = Packed()
     with conn.cursor(row_factory=dict_row) as cur:
         if wait:
-            cur.execute(q("pack_let_go_lock"), {"key": LET_GO_LOCK})
+            cur.execute(q("archive_let_go_lock"), {"key": LET_GO_LOCK})
         else:
-            cur.execute(q("pack_let_go_try_lock"), {"key": LET_GO_LOCK})
+            cur.execute(q("archive_let_go_try_lock"), {"key": LET_GO_LOCK})
             if not cur.fetchone()["locked"]:
                 done.skipped = True
                 return done
@@ -112,7 +111,7 @@ def pack(conn, *, close_current: bool = False, duty: float = 1.0, busy_duty: flo
                 done.partitions.append(part["lower"])
                 done.events += events
         finally:
-            cur.execute(q("pack_let_go_unlock"), {"key": LET_GO_LOCK})
+            cur.execute(q("archive_let_go_unlock"), {"key": LET_GO_LOCK})
     done.seconds = time.monotonic() - started
     done.rested, done.busy_rests = pace.rested, pace.busy_rests
     return done

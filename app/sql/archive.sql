@@ -123,9 +123,13 @@ SELECT state FROM log_packs WHERE lower_position = %(lower)s
 DELETE FROM log_packs WHERE lower_position = %(lower)s
 
 -- name: archive_let_go_lock
--- One of qforge archive and qforge pack takes partitions out of the live log
--- at a time (app/commands/pack.py).
+-- qforge archive and qforge pack both take partitions out of the live log: one
+-- at a time (a session lock: each runs as many short transactions). The
+-- archive waits for it; the monitor's packing does not (archive_let_go_try_lock).
 SELECT pg_advisory_lock(%(key)s)
+
+-- name: archive_let_go_try_lock
+SELECT pg_try_advisory_lock(%(key)s) AS locked
 
 -- name: archive_let_go_unlock
 SELECT pg_advisory_unlock(%(key)s)

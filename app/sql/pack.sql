@@ -2,18 +2,6 @@
 -- the database (app/commands/pack.py; the functions are log_pack_* in
 -- migrations/definitions/52_log_pack.sql).
 
--- name: pack_let_go_lock
--- Packing and `qforge archive` both take partitions out of the live log: one
--- at a time (a session lock: each runs as many short transactions). The
--- archive waits for it; the monitor's packing does not (pack_let_go_try_lock).
-SELECT pg_advisory_lock(%(key)s)
-
--- name: pack_let_go_try_lock
-SELECT pg_try_advisory_lock(%(key)s) AS locked
-
--- name: pack_let_go_unlock
-SELECT pg_advisory_unlock(%(key)s)
-
 -- name: pack_candidates
 -- The live partitions packing may take: closed below the settled horizon (see
 -- archive_settle_lock) and ending `keep` positions or more before the next
@@ -39,10 +27,6 @@ SELECT set_config('lock_timeout', %(timeout)s, true)
 
 -- name: pack_finish
 SELECT log_pack_finish(%(lower)s, %(events)s)
-
--- name: pack_stats
-SELECT count(*) FILTER (WHERE state = 'packed') AS partitions, coalesce(sum(events) FILTER (WHERE state = 'packed'), 0) AS events
-  FROM log_packs
 
 -- name: pack_indexes
 SELECT log_pack_indexes(%(lower)s) AS statement
