@@ -5,7 +5,7 @@
 Hashing: enqueue, claim and complete through the real commands on two fresh
 databases cloned from one migrated template, one with the schema as it is and
 one with event_hash replaced by a constant (bench/qf_audit.sql), taking turns
-batch by batch (qf_variants.measure_side_by_side: on a shared machine the
+batch by batch (side_by_side.measure_side_by_side: on a shared machine the
 neighbours' bursts last seconds, and runs taken one after the other differed by
 up to 1.5x either way); the figures are the CPU time of each connection's
 server process (/proc/<pid>/schedstat, so PostgreSQL must run on this machine)
@@ -32,9 +32,8 @@ from psycopg import sql  # noqa: E402
 
 from qforge.events import audit, audit_verify  # noqa: E402
 from qforge.migrate import migrate  # noqa: E402
-from common import load_queries  # noqa: E402
-from common import recreate  # noqa: E402
-from qf_variants import Run, measure_side_by_side, with_database  # noqa: E402
+from common import load_queries, recreate, with_database  # noqa: E402
+from side_by_side import Run, measure_side_by_side  # noqa: E402
 
 VARIANTS = {"with the hash chain": [], "without (constant hash)": ["bench_without_hash", "bench_without_hash_fixed"]}
 STEPS = ("enqueue", "claim", "complete", "enqueue_wall", "drain_wall")

@@ -6,7 +6,7 @@ events fold to, generated side by side from generate_series. The projection
 trigger is bypassed for speed (session_replication_role = replica, superuser
 only) and the rows are checked against the real fold (job_fold) on a sample,
 so the history is what the live path would have written. Ids are UUIDv7 in
-the past, as app.events.ids makes them, so later inserts land where live ones
+the past, as qforge.events.ids makes them, so later inserts land where live ones
 would (the right edge of every index).
 
 Run by run.py; also usable alone:

@@ -29,7 +29,7 @@ import qforge.commands.plan as plan  # noqa: E402
 from qforge.commands.enqueue import JobSpec, enqueue  # noqa: E402
 from qforge.migrate import migrate  # noqa: E402
 from common import recreate  # noqa: E402
-from qf_variants import server_ns  # noqa: E402
+from side_by_side import server_ns  # noqa: E402
 
 ALONE = plan._alone
 WAYS = {"one statement alone": ALONE, "in BEGIN ... COMMIT": lambda conn, batch: False}

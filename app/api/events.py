@@ -1,6 +1,6 @@
 """The global event log: GET /events (pages) and GET /events/stream (Server-Sent Events).
 
-Both read only through the gapless cursor of app.events.store.read_after, so a
+Both read only through the gapless cursor of qforge.events.store.read_after, so a
 reader never skips an event whatever order concurrent transactions commit in,
 and the SSE `id` of each message is that cursor: a reconnecting EventSource
 sends it back as Last-Event-ID and resumes exactly after it.

@@ -157,9 +157,6 @@ SELECT segment, first_position, last_position
  WHERE archive_bloom_has(streams, bloom_hashes, %(id)s)
  ORDER BY lower_position
 
--- name: archive_extent
-SELECT log_archived_before() AS before, count(*) AS segments FROM archive_segments
-
 -- name: archive_live_start
 -- Where the live log starts: its oldest partition still attached, live or packed.
 SELECT least((SELECT min(lower) FROM log_partitions()),

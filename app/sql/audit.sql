@@ -48,9 +48,6 @@ SELECT seq, created_at, cursor_xid::text::bigint AS cursor_xid, cursor_position,
  WHERE seq >= %(from_seq)s
  ORDER BY seq
 
--- name: audit_checkpoint_by_seq
-SELECT seq, hash FROM audit_checkpoints WHERE seq = %(seq)s
-
 -- name: audit_chain_breaks
 -- Every event checked on its own: its stored hash against SHA-256 of the
 -- stored hash before it in its stream (or, for a stream whose older events

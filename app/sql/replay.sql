@@ -1,5 +1,5 @@
 -- Replay: every projection rebuilt from the log by the fold of the live path
--- (events_fold, migrations/definitions/30_fold.sql), applied to the log in
+-- (events_project(), migrations/definitions/30_fold.sql), applied to the log in
 -- position order with the scratch tables first on the search path. Queries
 -- with {names} are templates: psycopg.sql fills in the identifiers
 -- (qforge/projections/replay/).
@@ -60,12 +60,6 @@ SELECT t.tgname AS name, t.tgnewtable AS new_table, t.tgfoid::regproc::text AS f
 CREATE TRIGGER {trigger} AFTER INSERT ON {feed}
     REFERENCING NEW TABLE AS {new_table} FOR EACH STATEMENT EXECUTE FUNCTION {function}()
 
--- name: replay_stream_events
--- How many events the streams in ids have (up to as_of): a swap or an as-of
--- read folds just those streams.
-SELECT count(*) AS events FROM unnest(%(ids)s::uuid[]) i(id), log_stream(i.id) e
- WHERE %(as_of)s::bigint IS NULL OR e.position <= %(as_of)s
-
 -- name: replay_position_at_time
 -- "As of time T" is the longest prefix of the log in which every event
 -- occurred at or before T. Positions are handed out at insert and occurred_at
@@ -78,12 +72,9 @@ SELECT coalesce((SELECT min(position) - 1 FROM log_range(0, 9223372036854775807)
 -- The first statement of a rebuild: every chunk reads the same snapshot.
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ
 
--- name: replay_lock_scratch
--- One rebuild or swap at a time: they share the scratch schema. A rebuild
--- takes it for its transaction, a swap for its session (it spans several).
-SELECT pg_advisory_xact_lock(%(key)s)
-
 -- name: replay_lock_scratch_session
+-- One rebuild or swap at a time: they share the scratch schema; each takes it
+-- for its session (a swap spans several transactions).
 SELECT pg_advisory_lock(%(key)s)
 
 -- name: replay_unlock_scratch_session

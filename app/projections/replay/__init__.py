@@ -1,10 +1,11 @@
 """Replay: rebuild the projections from the event log, verify them against the live tables, swap them in.
 
 The projections (jobs, workflows, execution_tags) are folds of the log. The
-live path folds each insert in the events_project() trigger with job_apply /
-workflow_apply; replay folds the whole log with job_fold / workflow_fold, the
-aggregates of those same functions (queries in app/sql/replay.sql), so replay
-equals live by construction and `verify` proves it on a real database.
+live path folds each insert in the events_project() statement trigger on the
+log; replay inserts the log, chunk by chunk, into a feed table that carries the
+same trigger, with scratch tables first on the search path (queries in
+app/sql/replay.sql), so replay equals live by construction and `verify` proves
+it on a real database.
 
 - rebuild: fold the log (or its prefix up to a position) into a scratch
   schema, chunk by chunk of streams in one REPEATABLE READ snapshot.

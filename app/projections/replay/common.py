@@ -1,6 +1,6 @@
 """What rebuild, verify, swap and as-of reads share: the projections, scratch tables, and the fold of the log into them.
 
-The fold is the live path's own (events_fold, migrations/definitions/30_fold.sql):
+The fold is the live path's own (events_project(), migrations/definitions/30_fold.sql):
 the log is read in position order, a chunk at a time, and each chunk is folded
 rank by rank (every stream's first event in the chunk, then every second
 one, ...), with the scratch tables first on the search path. Replay equals live
