@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     # 64 hex digits (an Ed25519 seed) or the path of a PEM private key.
     audit_checkpoint_seconds: float = Field(default=10, ge=0)
     audit_signing_key: str | None = None
+    # The leader also writes every head there as a file of its own, never overwriting one: storage
+    # the database's administrators cannot rewrite (`qforge audit verify --witness DIR`).
+    audit_witness_dir: str | None = None
 
     # One admin token named `api-token` (besides those of `qforge token create`).
     api_token: str | None = None

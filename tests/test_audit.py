@@ -48,6 +48,20 @@ def tamper(conn, statement: str, params: dict | tuple = ()) -> None:
         conn.execute(statement, params)
 
 
+def rechain(conn, job_id) -> None:
+    """Recompute every hash of a job's stream from its (edited) events, and point its row at the new
+    chain: a rewrite that every chain check finds consistent."""
+    tamper(conn, """
+        WITH rechained AS (
+            SELECT position, event_chain(NULL::bytea, event_canonical_v1(stream_type, stream_id, version, type,
+                       schema_version, data, tags, workflow_id, occurred_at, actor))
+                       OVER (ORDER BY version) AS hash
+              FROM events WHERE stream_id = %(id)s)
+        UPDATE events e SET hash = r.hash FROM rechained r WHERE e.position = r.position""", {"id": job_id})
+    tamper(conn, "UPDATE jobs SET chain = (SELECT hash FROM events WHERE stream_id = %(id)s"
+                 " ORDER BY version DESC LIMIT 1) WHERE id = %(id)s", {"id": job_id})
+
+
 def events_of(conn, stream_id) -> list[dict]:
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute("SELECT * FROM events WHERE stream_id = %s ORDER BY version", (stream_id,)).fetchall()
@@ -260,16 +274,7 @@ def test_verify_names_a_stream_rewritten_with_a_consistent_chain(conn, db_url, c
     events = events_of(conn, sealed["order"])
     tamper(conn, "UPDATE events SET data = jsonb_set(data, '{payload,amount}', '0') WHERE position = %s",
            (events[0]["position"],))
-    tamper(conn, """
-        WITH rechained AS (
-            SELECT position, event_chain(NULL::bytea, event_canonical_v1(stream_type, stream_id, version, type,
-                       schema_version, data, tags, workflow_id, occurred_at, actor))
-                       OVER (ORDER BY version) AS hash
-              FROM events WHERE stream_id = %(id)s)
-        UPDATE events e SET hash = r.hash FROM rechained r WHERE e.position = r.position""",
-           {"id": sealed["order"]})
-    tamper(conn, "UPDATE jobs SET chain = (SELECT hash FROM events WHERE stream_id = %(id)s"
-                 " ORDER BY version DESC LIMIT 1) WHERE id = %(id)s", {"id": sealed["order"]})
+    rechain(conn, sealed["order"])
     out = assert_named(capsys, db_url, {e["position"] for e in events})
     assert "version" not in out  # every chain holds: only the checkpoints tell
 

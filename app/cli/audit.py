@@ -12,7 +12,7 @@ import psycopg
 
 from qforge.cli.common import complain
 from qforge.db import EmbeddedPostgresError, connect, resolve_database_url
-from qforge.events import audit, audit_proof
+from qforge.events import audit, audit_proof, witness
 from qforge.events.audit_verify import AnchorError, read_anchor, verify
 from qforge.settings import get_settings
 
@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              " one line with position=<N> each")
     check.add_argument("--anchor", type=Path, default=None, metavar="FILE",
                        help="a head printed by `qforge audit head` earlier: the checkpoints must still reach it")
+    check.add_argument("--witness", type=Path, default=None, metavar="DIR",
+                       help="a witness directory (QFORGE_AUDIT_WITNESS_DIR): the log must extend every head in it")
     check.add_argument("--archive", type=Path, default=None, metavar="DIR",
                        help="archive segments whose events are verified with the live log")
     check.add_argument("--public-key", default=None, metavar="HEX",
@@ -82,19 +84,37 @@ def _public_key(args: argparse.Namespace) -> str | None:
     return audit.public_key_hex(audit.load_signing_key(signing_key)) if signing_key else None
 
 
+def _witnessed(directory: Path, public_key: str | None) -> list[dict]:
+    """Every head in a witness directory, each checked as an anchor is (naming the file it is in)."""
+    heads = []
+    for path in witness.head_files(directory):
+        try:
+            heads.append(read_anchor(path.read_text(encoding="utf-8"), public_key))
+        except AnchorError as exc:
+            raise AnchorError(f"{path}: {exc}") from None
+    return heads
+
+
 def _verify(conn, args: argparse.Namespace) -> int:
-    anchor = read_anchor(args.anchor.read_text(encoding="utf-8"), _public_key(args)) if args.anchor else None
-    if args.archive is not None and not args.archive.is_dir():
-        complain("audit", f"--archive: {args.archive} is not a directory")
+    public_key = _public_key(args)
+    anchor = read_anchor(args.anchor.read_text(encoding="utf-8"), public_key) if args.anchor else None
+    for option, directory in (("--archive", args.archive), ("--witness", args.witness)):
+        if directory is not None and not directory.is_dir():
+            complain("audit", f"{option}: {directory} is not a directory")
+            return 2
+    witnessed = _witnessed(args.witness, public_key) if args.witness is not None else []
+    if args.witness is not None and not witnessed:
+        complain("audit", f"--witness: {args.witness} holds no head (head-<seq>-<hash>.json)")
         return 2
-    report = verify(conn, anchor=anchor, archive=args.archive)
+    report = verify(conn, anchor=anchor, anchors=witnessed, archive=args.archive)
     for problem in report.problems:
         print(problem.describe())
     summary = (f"{report.events + report.archived_events:,} events"
                + (f" ({report.archived_events:,} archived)" if report.archived_events else "")
                + f" and {report.checkpoints} checkpoint(s) checked in {report.seconds:.2f} s"
                f" ({report.events_per_second:,.0f} events/s)"
-               + (f"; anchored at checkpoint {report.anchor_seq}" if report.anchor_seq is not None else ""))
+               + (f"; anchored at checkpoint {report.anchor_seq}" if report.anchor_seq is not None else "")
+               + (f" ({report.anchors} heads)" if report.anchors > 1 else ""))
     if report.unchecked_below:
         summary += (f"; events below position {report.unchecked_below} are archived and were not checked"
                     " (add --archive DIR)")

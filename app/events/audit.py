@@ -173,15 +173,16 @@ def public_key_hex(private_key) -> str:
                                                  serialization.PublicFormat.Raw).hex()
 
 
-def head(conn, *, signing_key: str | None = None) -> dict[str, Any] | None:
-    """The newest checkpoint as a head (None before the first), signed when a key is given.
+def head(conn, *, signing_key: str | None = None, seq: int | None = None) -> dict[str, Any] | None:
+    """The newest checkpoint (or checkpoint `seq`) as a head (None before the first), signed when a
+    key is given.
 
     The signature is Ed25519 over "QFH1" || the checkpoint's hash, which binds
     every other field of the header; the public key is in the line for
     convenience, but an auditor checks it against the one they were given.
     """
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(q("audit_head")).fetchone()
+        row = cur.execute(q("audit_head"), {"seq": seq}).fetchone()
     if row is None:
         return None
     line = {"qforge_audit_head": 1, **Checkpoint.from_row(row).header(),

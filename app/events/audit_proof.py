@@ -40,7 +40,7 @@ def proof(conn, kind: str, execution_id: UUID, *, archive: Path | None = None) -
                         for row in recorded}
             headers = [audit.Checkpoint.from_row(row).header() for row in cur.execute(
                 q("audit_checkpoint_headers"), {"leaves": False, "from_seq": seqs[0] if seqs else 2**62})]
-            newest = cur.execute(q("audit_head")).fetchone()
+            newest = cur.execute(q("audit_head"), {"seq": None}).fetchone()
     if newest is not None and not headers:
         # Nothing covered yet: the newest header still tells the auditor where the checkpoints stand.
         headers = [audit.Checkpoint.from_row(newest).header()]

@@ -7,9 +7,10 @@ Three kinds of evidence, each catching what the others cannot:
   the previous one, then every event they cover compared with the leaf they
   recorded for its position (a stream rewritten with a self-consistent chain,
   an event inserted or moved, the newest events deleted);
-- an anchor: a head exported earlier (`qforge audit head`), which the chain of
-  checkpoints must still reach (the newest events deleted with their
-  checkpoints).
+- anchors: heads exported earlier (`qforge audit head`, or every head a
+  witness directory holds), which the chain of checkpoints must still reach
+  and agree with (the newest events deleted with their checkpoints; events,
+  chains and checkpoints rewritten together).
 Everything is read in one REPEATABLE READ snapshot, so it may run while the
 system works.
 """
@@ -50,7 +51,8 @@ class VerifyReport:
     archived_events: int = 0
     checkpoints: int = 0
     newest_checkpoint: int | None = None
-    anchor_seq: int | None = None
+    anchor_seq: int | None = None  # the newest anchor's checkpoint
+    anchors: int = 0
     unchecked_below: int = 0  # archived positions below this were not checked (no --archive)
     seconds: float = 0.0
 
@@ -222,9 +224,12 @@ def segment_events(directory: Path, problems: list[Problem]) -> Iterator[dict[st
             yield {**line, "data_text": line["data"], "tags_text": line["tags"]}
 
 
-def verify(conn, *, anchor: Mapping[str, Any] | None = None, archive: Path | None = None) -> VerifyReport:
-    """Check the log, and the segments of the archive directory `archive` if given; problems sorted
-    by position. Without the archive, archived events are left unchecked (`report.unchecked_below`)."""
+def verify(conn, *, anchor: Mapping[str, Any] | None = None, anchors: Iterable[Mapping[str, Any]] = (),
+           archive: Path | None = None) -> VerifyReport:
+    """Check the log against `anchor` and `anchors` (heads kept outside the database), and the
+    segments of the archive directory `archive` if given; problems sorted by position. Without the
+    archive, archived events are left unchecked (`report.unchecked_below`)."""
+    anchors = [*([anchor] if anchor is not None else []), *anchors]
     started = time.perf_counter()
     report = VerifyReport()
     problems: list[Problem] = []
@@ -243,9 +248,10 @@ def verify(conn, *, anchor: Mapping[str, Any] | None = None, archive: Path | Non
             _check_chains(cur, archived, archive is None and extent["archived_upper"] > 0, problems)
             hashes, firsts = _check_checkpoint_chain(conn, problems)
             _check_against_checkpoints(cur, archived, report.unchecked_below, problems)
-    if anchor is not None:
-        report.anchor_seq = int(anchor["seq"])
-        _check_anchor(anchor, hashes, firsts, problems)
+    for each in anchors:
+        _check_anchor(each, hashes, firsts, problems)
+    report.anchors = len(anchors)
+    report.anchor_seq = max((int(each["seq"]) for each in anchors), default=None)
     report.checkpoints = len(hashes)
     report.newest_checkpoint = max(hashes, default=None)
     report.problems = sorted(set(problems), key=lambda p: (p.position, p.message))

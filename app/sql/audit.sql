@@ -30,12 +30,13 @@ VALUES (%(seq)s, %(created_at)s, %(cursor_xid)s::text::xid8, %(cursor_position)s
         %(hashes)s, %(root)s, %(prev)s, %(hash)s)
 
 -- name: audit_head
--- The newest checkpoint, with the range of positions it covers (for people:
--- the hash binds the leaves, not these two).
+-- The newest checkpoint (or checkpoint seq), with the range of positions it
+-- covers (for people: the hash binds the leaves, not these two).
 SELECT seq, created_at, cursor_xid::text::bigint AS cursor_xid, cursor_position, events, root, prev, hash,
        (SELECT min(p) FROM unnest(positions) p) AS first_position,
        (SELECT max(p) FROM unnest(positions) p) AS last_position
   FROM audit_checkpoints
+ WHERE %(seq)s::bigint IS NULL OR seq = %(seq)s
  ORDER BY seq DESC
  LIMIT 1
 

@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable
 
 import psycopg
@@ -27,7 +28,7 @@ from qforge.commands.pack import pack
 from qforge.commands.schedules import fire_due, next_due
 from qforge.commands.subflows import finish_parents
 from qforge.commands.workflows import fire_deadlines, fire_timers
-from qforge.events import audit
+from qforge.events import audit, witness
 from qforge.settings import Settings, get_settings
 from qforge.sql import q
 from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, connect, describe
@@ -49,6 +50,7 @@ class Monitor:
         self.stopping = False
         self.judge_after = float("-inf")  # no stale-job recovery or worker sweep before this (monotonic)
         self.checkpoint_after = float("-inf")  # next audit checkpoint (monotonic)
+        self.witnessed = False  # a head was written to the witness directory since this start
 
         self.packer: Packer | None = None
 
@@ -180,6 +182,24 @@ class Monitor:
         self.checkpoint_after = time.monotonic() + (0 if behind else every)
         if made:
             log.debug("audit checkpoint %d covers %d new events", made[-1].seq, made[-1].events)
+        if self.settings.audit_witness_dir and (made or not self.witnessed):
+            self._witness(conn)
+
+    def _witness(self, conn: psycopg.Connection) -> None:
+        """Each new head into QFORGE_AUDIT_WITNESS_DIR (what a failed write missed, next time)."""
+        directory = Path(self.settings.audit_witness_dir)
+        key = self.settings.audit_signing_key
+        if not key and not self.witnessed:
+            log.warning("QFORGE_AUDIT_WITNESS_DIR is set without QFORGE_AUDIT_SIGNING_KEY: the heads"
+                        " written to %s are not signed", directory)
+        try:
+            written = witness.witness(conn, directory, signing_key=key)
+        except OSError as exc:
+            log.warning("writing audit heads to %s failed (%s); trying again next checkpoint", directory, exc)
+            return
+        self.witnessed = True
+        for path in written:
+            log.debug("audit head witnessed: %s", path)
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
