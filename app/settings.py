@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 import ipaddress
+import re
+from datetime import timedelta
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(value: str) -> timedelta:
+    """'30d', '12h', '90m', '45s', '2w' (or a number of seconds); ValueError otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", value)
+    if not match:
+        raise ValueError(f"not a duration: {value!r} (for example 30d, 12h, 90m, 45s)")
+    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
 
 
 class Settings(BaseSettings):
@@ -63,6 +76,12 @@ class Settings(BaseSettings):
     log_pack_duty: float = Field(default=0.2, gt=0, le=1)
     log_pack_busy_duty: float = Field(default=0.1, gt=0, le=1)
     log_pack_keep: int = Field(default=10_000_000, ge=0)
+    # Retention: the monitor's leader archives (to archive_dir) every closed partition of
+    # the log whose newest event is older than this, at the packing's shares of the time;
+    # and closes the partition being written once its oldest event is this old, so that a
+    # quiet log reaches the archive too. Durations: 30d, 12h, 90m, 45s.
+    archive_after: timedelta | None = None
+    log_partition_max_age: timedelta | None = None
     # GET /events/stream also takes ?token= (puts the secret in URLs and access
     # logs: tickets from POST /events/stream-ticket are the way).
     stream_query_token: bool = False
@@ -80,6 +99,13 @@ class Settings(BaseSettings):
     max_fan_out: int = Field(default=10_000, gt=0)
     host: str = "127.0.0.1"
     port: int = Field(default=8090, ge=0, le=65535)
+
+    @field_validator("archive_after", "log_partition_max_age", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        if isinstance(value, str):
+            return None if not value.strip() else parse_duration(value)
+        return value
 
     @field_validator("shell_env_allow")
     @classmethod

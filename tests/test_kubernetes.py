@@ -71,7 +71,7 @@ def test_every_object_is_valid_for_kubernetes_and_keda(objects):
     kinds = sorted(o["kind"] for o in objects)
     assert kinds == sorted(["ConfigMap", "Secret", "Service", "Service", "Deployment", "Deployment", "StatefulSet",
                             "PodDisruptionBudget", "PodDisruptionBudget", "PodDisruptionBudget", "Job",
-                            "ScaledObject", "TriggerAuthentication"])
+                            "ScaledObject", "TriggerAuthentication", "PersistentVolumeClaim"])
     for obj in objects:
         validate(obj)
 
@@ -104,6 +104,12 @@ def test_the_roles_are_deployed_as_the_issue_says(objects):
     assert service["spec"]["selector"] == by_kind(objects, "Deployment", "qforge-api")["spec"]["selector"]["matchLabels"]
     monitor = by_kind(objects, "Deployment", "qforge-monitor")
     assert monitor["spec"]["replicas"] == 2
+    # Retention: the leader archives to a claim both monitors mount at QFORGE_ARCHIVE_DIR.
+    mounts = {m["name"]: m["mountPath"] for m in monitor["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in monitor["spec"]["template"]["spec"]["volumes"]}
+    archive_volume = next(name for name, path in mounts.items() if path == settings["QFORGE_ARCHIVE_DIR"])
+    assert by_kind(objects, "PersistentVolumeClaim", claims[archive_volume])["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert settings["QFORGE_ARCHIVE_AFTER"] and settings["QFORGE_LOG_PARTITION_MAX_AGE"]
     runner = by_kind(objects, "StatefulSet")
     pod = runner["spec"]["template"]["spec"]
     command = pod["containers"][0]["command"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import re
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,7 +20,7 @@ from typing import Callable, Sequence
 from pydantic import ValidationError
 
 from qforge import __version__
-from qforge.settings import get_settings
+from qforge.settings import get_settings, parse_duration
 
 Handler = Callable[[argparse.Namespace], "int | None"]
 
@@ -96,15 +95,12 @@ def _audit_arguments(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
 def duration(value: str) -> timedelta:
     """'30d', '12h', '90m', '45s', '2w' (or a number of seconds)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", value)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a duration: {value!r} (for example 30d, 12h, 90m, 45s)")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _archive_arguments(parser: argparse.ArgumentParser) -> None:

@@ -168,6 +168,7 @@ class Archived:
     rested: float = 0.0  # of the seconds, resting (Pace)
     rests: int = 0  # times it rested
     busy_rests: int = 0  # of them, with the queue busy (at the busy duty)
+    skipped_busy: bool = False  # wait=False and a pack or another archive held the lock
 
     @property
     def events(self) -> int:
@@ -181,10 +182,11 @@ def _fault(step: str) -> None:
 
 def archive(conn, directory: Path, *, older_than: timedelta | None = None, close_current: bool = False,
             report: Report | None = None, duty: float | None = None,
-            busy_duty: float | None = None) -> Archived:
+            busy_duty: float | None = None, wait: bool = True) -> Archived:
     """Archive every closed partition (whose last event is older than `older_than`, when
     given) into `directory`, working at most `duty` of the time (default_duty()), and
-    at most `busy_duty` (default_busy_duty()) while the queue is busy (see Pace).
+    at most `busy_duty` (default_busy_duty()) while the queue is busy (see Pace). With
+    wait=False, do nothing (done.skipped_busy) while a pack or another archive is at work.
     `conn` must be in autocommit mode (detaching a partition concurrently runs outside
     any transaction block; the release is many short transactions)."""
     if not conn.autocommit:
@@ -198,7 +200,11 @@ def archive(conn, directory: Path, *, older_than: timedelta | None = None, close
     directory.mkdir(parents=True, exist_ok=True)
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(q("archive_allow"))
-        cur.execute(q("archive_let_go_lock"), {"key": LET_GO_LOCK})
+        if wait:
+            cur.execute(q("archive_let_go_lock"), {"key": LET_GO_LOCK})
+        elif not cur.execute(q("archive_let_go_try_lock"), {"key": LET_GO_LOCK}).fetchone()["locked"]:
+            done.skipped_busy = True
+            return done
         try:
             _archive(conn, cur, directory, older_than, close_current, pace, done, say)
         finally:

@@ -4,6 +4,15 @@
 -- name: archive_close_current
 SELECT log_close_current() AS boundary
 
+-- name: archive_current_since
+-- When the oldest event of the partition being written occurred (NULL: it is
+-- empty): the monitor closes it once that is QFORGE_LOG_PARTITION_MAX_AGE ago.
+SELECT (SELECT e.occurred_at FROM events e
+         WHERE e.position >= p.lower AND e.position < p.upper
+         ORDER BY e.position LIMIT 1) AS since
+  FROM log_partitions() p
+ WHERE log_next_position() >= p.lower AND log_next_position() < p.upper
+
 -- name: archive_settle_lock
 -- Every transaction that appended holds ROW EXCLUSIVE on events until it ends
 -- (taken before its positions are: the parent is locked when the INSERT

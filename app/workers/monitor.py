@@ -1,13 +1,13 @@
-"""The monitor: one leader at a time recovers stale jobs, fires timers, marks silent workers gone, checkpoints and packs the log.
+"""The monitor: one leader at a time recovers stale jobs, fires timers, marks silent workers gone, checkpoints, archives and packs the log.
 
 Leadership is a session advisory lock held by the monitor's own connection.
 Any number of monitors may run: the others retry the lock every tick, and when
 the leader dies its connection closes, the lock frees and one of them takes
 over. The leader does its work on that same connection, so if the connection
 breaks it stops acting at once (its lock is gone too) and competes again.
-Packing closed partitions of the log (qforge.commands.pack) takes minutes for a
-big partition: the leader runs it on a thread and a connection of its own
-(Packer), so the tick's duties never wait for it.
+Archiving and packing closed partitions of the log (qforge.commands.archive,
+.pack) take minutes for a big partition: the leader runs them on a thread and a
+connection of its own (LogKeeper), so the tick's duties never wait for them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -24,6 +24,7 @@ from psycopg.rows import tuple_row
 
 from qforge.commands import workers
 from qforge.commands.manage import recover_stale
+from qforge.commands.archive import archive
 from qforge.commands.pack import pack
 from qforge.commands.schedules import fire_due, next_due
 from qforge.commands.subflows import finish_parents
@@ -52,7 +53,7 @@ class Monitor:
         self.checkpoint_after = float("-inf")  # next audit checkpoint (monotonic)
         self.witnessed = False  # a head was written to the witness directory since this start
 
-        self.packer: Packer | None = None
+        self.keeper: LogKeeper | None = None
 
     def stop(self, *_: object) -> None:
         """Signal-safe: only sets a flag that the loop checks."""
@@ -85,7 +86,7 @@ class Monitor:
                         if leader:
                             log.info("monitor %s is the leader", self.name)
                             waiting_logged = False
-                            self._start_packer()
+                            self._start_keeper()
                         elif not waiting_logged:
                             log.info("monitor %s is waiting: another monitor leads", self.name)
                             waiting_logged = True
@@ -111,17 +112,17 @@ class Monitor:
                     self._sleep(max(tick, backoff.next_delay()))
         finally:
             _close(conn)  # frees the lock now rather than when the server notices
-            if self.packer is not None:
-                self.packer.stop()
+            if self.keeper is not None:
+                self.keeper.stop()
         log.info("monitor %s stopped", self.name)
         return 0
 
-    def _start_packer(self) -> None:
-        """The leader packs the log's closed partitions (once started it goes on even if
-        leadership passes: packing takes turns through its own lock, never twice at once)."""
-        if self.packer is None and self.settings.log_pack_seconds > 0:
-            self.packer = Packer(self.url, self.settings)
-            self.packer.start()
+    def _start_keeper(self) -> None:
+        """The leader keeps the log: closes, archives and packs partitions (once started it goes
+        on even if leadership passes: archive and pack take turns through their own lock)."""
+        if self.keeper is None and LogKeeper.wanted(self.settings):
+            self.keeper = LogKeeper(self.url, self.settings)
+            self.keeper.start()
 
     def _until_next_schedule(self, conn: psycopg.Connection, tick: float) -> float:
         """Sleep a tick, or less when a schedule's next tick comes sooner (a tick a second fires on time)."""
@@ -210,17 +211,26 @@ class Monitor:
             time.sleep(min(left, SLEEP_SLICE_SECONDS))
 
 
-class Packer(threading.Thread):
-    """Every QFORGE_LOG_PACK_SECONDS, packs the closed partitions of the log that end
-    QFORGE_LOG_PACK_KEEP positions or more before the head, if any, at most
-    QFORGE_LOG_PACK_DUTY of the time (QFORGE_LOG_PACK_BUSY_DUTY while the queue is busy), on
-    its own connection; skips a round while `qforge archive` (or another pack) is at work.
-    Stopped between two windows of a pack: the next one goes on from it."""
+class LogKeeper(threading.Thread):
+    """The leader's keeping of the log, on a thread and a connection of its own, a round every
+    QFORGE_LOG_PACK_SECONDS (60 when packing is off): closes the partition being written once its
+    oldest event is QFORGE_LOG_PARTITION_MAX_AGE old; archives to QFORGE_ARCHIVE_DIR the closed
+    partitions whose newest event is older than QFORGE_ARCHIVE_AFTER; packs the closed partitions
+    that end QFORGE_LOG_PACK_KEEP positions or more before the head. Archive and pack work at most
+    QFORGE_LOG_PACK_DUTY of the time (QFORGE_LOG_PACK_BUSY_DUTY while the queue is busy) and skip a
+    round while `qforge archive` or `qforge pack` by hand is at work. Stopped between two windows of
+    a pack (the next round goes on from it); an archive stopped anywhere is taken up again."""
 
     def __init__(self, url: str, settings: Settings) -> None:
-        super().__init__(name="qforge-packer", daemon=True)
-        self.url, self.settings, self.every = url, settings, settings.log_pack_seconds
+        super().__init__(name="qforge-log-keeper", daemon=True)
+        self.url, self.settings = url, settings
+        self.every = settings.log_pack_seconds or 60.0
         self.stopping = threading.Event()
+
+    @staticmethod
+    def wanted(settings: Settings) -> bool:
+        return bool(settings.log_pack_seconds > 0 or settings.log_partition_max_age
+                    or (settings.archive_after and settings.archive_dir))
 
     def stop(self) -> None:
         self.stopping.set()
@@ -229,19 +239,42 @@ class Packer(threading.Thread):
     def run(self) -> None:
         while not self.stopping.wait(self.every):
             try:
-                with connect(self.url, "qforge-monitor packer") as conn:
-                    keep = self.settings.log_pack_keep
-                    if conn.execute(q("pack_due"), {"keep": keep}).fetchone()[0]:
-                        done = pack(conn, duty=self.settings.log_pack_duty,
-                                    busy_duty=self.settings.log_pack_busy_duty, keep=keep, wait=False,
-                                    stop=self.stopping.is_set, report=lambda line: log.info("pack: %s", line))
-                        if done.partitions:
-                            log.info("packed %d partition(s) of the log, %d events, in %.1fs",
-                                     len(done.partitions), done.events, done.seconds)
-            except psycopg.Error as exc:  # the next round tries again
-                log.warning("packing the log failed (%s); trying again in %gs", describe(exc), self.every)
-            except Exception:  # noqa: BLE001 - a thread's error would vanish otherwise
-                log.exception("packing the log failed; trying again in %gs", self.every)
+                with connect(self.url, "qforge-monitor log keeper") as conn:
+                    self.round(conn)
+            except psycopg.OperationalError as exc:
+                log.warning("keeping the log failed (%s); trying again in %gs", describe(exc), self.every)
+            except (psycopg.Error, OSError, ValueError):
+                log.exception("keeping the log failed; trying again in %gs", self.every)
+
+    def round(self, conn: psycopg.Connection) -> None:
+        settings = self.settings
+        if settings.log_partition_max_age:
+            self._close_old_partition(conn, settings.log_partition_max_age)
+        if settings.archive_after and settings.archive_dir:
+            done = archive(conn, Path(settings.archive_dir), older_than=settings.archive_after,
+                           duty=settings.log_pack_duty, busy_duty=settings.log_pack_busy_duty, wait=False,
+                           report=lambda line: log.info("archive: %s", line))
+            if done.segments:
+                log.info("archived %d partition(s) of the log older than %s, %d events, to %s in %.1fs",
+                         len(done.segments), settings.archive_after, done.events, settings.archive_dir,
+                         done.seconds)
+        if settings.log_pack_seconds > 0 and not self.stopping.is_set():
+            keep = settings.log_pack_keep
+            if conn.execute(q("pack_due"), {"keep": keep}).fetchone()[0]:
+                done = pack(conn, duty=settings.log_pack_duty, busy_duty=settings.log_pack_busy_duty,
+                            keep=keep, wait=False, stop=self.stopping.is_set,
+                            report=lambda line: log.info("pack: %s", line))
+                if done.partitions:
+                    log.info("packed %d partition(s) of the log, %d events, in %.1fs",
+                             len(done.partitions), done.events, done.seconds)
+
+    @staticmethod
+    def _close_old_partition(conn: psycopg.Connection, max_age: timedelta) -> None:
+        since = conn.execute(q("archive_current_since")).fetchone()[0]
+        if since is not None and since < datetime.now(timezone.utc) - max_age:
+            boundary = conn.execute(q("archive_close_current")).fetchone()[0]
+            log.info("closed the partition being written (its oldest event is older than %s):"
+                     " new appends start at position %d", max_age, boundary)
 
 
 def _close(conn: psycopg.Connection | None) -> None:
