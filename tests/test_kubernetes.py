@@ -1,6 +1,6 @@
 """deploy/kubernetes: rendered by `kubectl kustomize`, every object validated against the
-Kubernetes schemas (kubernetes-validate, strict, offline) and KEDA's (tests/fixtures/keda), and
-the KEDA query run against a real QForge database."""
+Kubernetes schemas (kubernetes-validate, strict, offline) and KEDA's own CRDs (tests/fixtures/keda,
+KEDA v2.20.1), and the KEDA query run against a real QForge database."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from qforge.commands.claim import claim
 from test_worker_support import add_jobs
 
 BASE = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
-KEDA = json.loads((Path(__file__).parent / "fixtures" / "keda" / "keda.sh_v1alpha1.json").read_text())
+KEDA_DIR = Path(__file__).parent / "fixtures" / "keda"
+POSTGRESQL_SCALER = json.loads((KEDA_DIR / "postgresql_scaler.json").read_text())
 KUBERNETES_VERSIONS = ("1.28", "1.33")
 
 
@@ -46,15 +47,49 @@ def by_kind(objects: list[dict], kind: str, name: str | None = None) -> dict:
     return found[0]
 
 
+def _strict(schema: dict) -> dict:
+    """A CRD's structural schema as the API server's strict field validation applies it: an object
+    that lists its properties refuses others, unless it preserves unknown fields."""
+    schema = dict(schema)
+    if "properties" in schema:
+        schema["properties"] = {name: _strict(sub) for name, sub in schema["properties"].items()}
+        if "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            schema["additionalProperties"] = False
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            schema[key] = _strict(schema[key])
+    return schema
+
+
+def _crd_schemas() -> dict[tuple[str, str], dict]:
+    """(apiVersion, kind) -> the strict openAPIV3Schema of each version of KEDA's CRDs."""
+    schemas = {}
+    for path in sorted((KEDA_DIR / "crds").glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        for version in crd["spec"]["versions"]:
+            key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])
+            schemas[key] = _strict(version["schema"]["openAPIV3Schema"])
+    return schemas
+
+
+KEDA_SCHEMAS = _crd_schemas()
+# Metadata QForge's trigger needs besides what KEDA requires: without a target, KEDA's
+# postgresql scaler would scale on a default that knows nothing of the runners' concurrency.
+QFORGE_TRIGGER_NEEDS = ["targetQueryValue"]
+
+
 def keda_errors(obj: dict) -> list[str]:
-    schema = {**KEDA["kinds"][obj["kind"]], "$defs": KEDA["$defs"]}
-    errors = [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(obj)]
+    schema = KEDA_SCHEMAS.get((obj["apiVersion"], obj["kind"]))
+    if schema is None:
+        return [f"KEDA has no CRD for {obj['apiVersion']} {obj['kind']}"]
+    errors = [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(obj)]
     for trigger in obj.get("spec", {}).get("triggers", []) if obj["kind"] == "ScaledObject" else []:
         if trigger["type"] == "postgresql":
-            rules = KEDA["postgresql_metadata"]
+            rules = POSTGRESQL_SCALER
+            allowed = set(rules["trigger_metadata"]) | {f"{name}FromEnv" for name in rules["resolved_env"]}
             errors += [f"postgresql trigger: unknown metadata {key!r}" for key in trigger["metadata"]
-                       if key not in rules["allowed"]]
-            errors += [f"postgresql trigger: missing {key!r}" for key in rules["required"]
+                       if key not in allowed]
+            errors += [f"postgresql trigger: missing {key!r}" for key in rules["required"] + QFORGE_TRIGGER_NEEDS
                        if key not in trigger["metadata"]]
     return errors
 
@@ -89,8 +124,10 @@ def test_a_broken_object_fails_validation(objects):
     scaled["spec"]["maxReplicas"] = 5  # HPA's word, not KEDA's
     del scaled["spec"]["triggers"][0]["metadata"]["targetQueryValue"]
     scaled["spec"]["triggers"][0]["metadata"]["targetQueryValue2"] = "8"
+    scaled["spec"]["advanced"] = {"horizontalPodAutoscalerConfig": {"behaviour": {}}}  # British spelling
     errors = keda_errors(scaled)
     assert any("maxReplicas" in e for e in errors)
+    assert any("behaviour" in e for e in errors), errors
     assert "postgresql trigger: unknown metadata 'targetQueryValue2'" in errors
     assert "postgresql trigger: missing 'targetQueryValue'" in errors
 
@@ -135,6 +172,7 @@ def test_the_roles_are_deployed_as_the_issue_says(objects):
     assert trigger["type"] == "postgresql" and trigger["authenticationRef"]["name"] == "qforge-db"
     auth = by_kind(objects, "TriggerAuthentication")["spec"]["secretTargetRef"]
     assert auth == [{"parameter": "connection", "name": "qforge", "key": "database-url"}]
+    assert {ref["parameter"] for ref in auth} <= set(POSTGRESQL_SCALER["auth_parameters"])
     assert set(by_kind(objects, "Secret")["stringData"]) >= {"database-url", "api-token"}
 
 
