@@ -13,6 +13,7 @@ Every address a step connects to is a loopback listener of the test's own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import os
 import signal
@@ -33,7 +34,9 @@ from cluster_procs import start_api
 from qforge.events.states import JOB_FINISHED
 from qforge.settings import Settings
 from qforge.workers.executors import execute
+from qforge.workers.isolation import Isolation, IsolationError
 from qforge.workers.sandbox import TaskPolicy
+from qforge.workers.secrets import Masker
 from qforge.workers.tasks import TaskContext
 from test_worker_support import FAST_ENV, QFORGE, Proc, Processes, process_running, procs, tasks_dir, wait_for  # noqa: F401
 
@@ -412,3 +415,44 @@ def test_the_attacks_are_real_without_isolation(tmp_path: Path) -> None:
 def run_step(command: str, policy: TaskPolicy, timeout: float | None = None) -> dict:
     ctx = TaskContext(job_id="control", attempt=1, task="shell", allow_shell=True, policy=policy)
     return asyncio.run(asyncio.wait_for(execute("shell", {"command": command}, ctx), timeout))
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_without_a_pid_namespace_the_cgroup_still_ends_a_setsid_child(version: str) -> None:
+    """The fallback where unshare is refused: the step's cgroup (v1 here, or the v2 hierarchy
+    mounted beside it, which delegates no controller: kill only) holds what setsid took out of
+    the process group, and the limits land in it."""
+    try:
+        isolation = Isolation.from_settings(Settings(shell_cgroup=version, shell_max_memory_mb=256))
+    except IsolationError as exc:
+        pytest.skip(str(exc))
+    assert isolation.cgroups is not None and isolation.cgroups.version == int(version[1])
+    policy = TaskPolicy(isolation=dataclasses.replace(isolation, namespaces=False))
+    escaped = marker()
+    parents = " ".join(isolation.cgroups.parents)
+    limits = ('for p in ' + parents + '; do for f in "$p"/qforge-*/memory.limit_in_bytes "$p"/qforge-*/pids.max;'
+              ' do [ -e "$f" ] && echo "$(basename "$f")=$(cat "$f")"; done; done')
+    result = run_step(f'setsid sleep {escaped} & echo "pid=$!"; {limits}; true', policy)
+    values = dict(line.split("=", 1) for line in result["stdout"].splitlines())
+    assert not process_running(f"sleep {escaped}")
+    assert not Path(f"/proc/{values['pid']}/cmdline").exists() or b"sleep" not in Path(
+        f"/proc/{values['pid']}/cmdline").read_bytes()
+    if version == "v1":  # memory and pids are controllers of their own hierarchies here
+        assert values["memory.limit_in_bytes"] == str(256 * 1024 * 1024) and values["pids.max"] == "1024"
+    assert not any(os.path.exists(os.path.join(p, name)) for p in isolation.cgroups.parents
+                   for name in os.listdir(p) if name.startswith(f"qforge-{os.getpid()}-"))
+
+
+def test_a_worker_refuses_to_start_with_a_shell_user_it_cannot_be(db_url: str) -> None:
+    env = {**os.environ, "QFORGE_SHELL_USER": "qforge-no-such-user"}
+    done = subprocess.run([str(QFORGE), "worker", "--allow-shell", "--database-url", db_url], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "QFORGE_SHELL_USER=qforge-no-such-user: no such user" in done.stderr
+
+
+def test_the_mask_covers_a_value_cut_by_the_tail_and_values_inside_json() -> None:
+    masker = Masker()
+    masker.add("hunter2-hunter2")
+    assert masker.text("r2-hunter2 and hunter2-hunter2", cut_head=True) == "*** and ***"
+    assert masker.text("r2-hunter2", cut_head=False) == "r2-hunter2"
+    assert masker.json({"a": ["x hunter2-hunter2"], "hunter2-hunter2": 1}) == {"a": ["x ***"], "***": 1}

@@ -136,6 +136,8 @@ async def _run_command(command: str, env: dict[str, str], timeout_seconds: float
         # (background jobs) ends with the job, so no step leaks processes.
         try:
             await _stop_process_group(process)
+            if step is not None:
+                step.kill_all()  # setsid escapees in its cgroup: before draining the pipes they hold
         finally:
             await _drain(process, readers)
 
