@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from datetime import timedelta
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -92,6 +93,21 @@ class Settings(BaseSettings):
     shell_env_allow: str = ""
     shell_max_memory_mb: int | None = Field(default=None, gt=0)
     shell_max_cpu_seconds: int | None = Field(default=None, gt=0)
+    # Who runs shell steps and where (issue 30, docs/security.md). The user: a name or uid
+    # (None: `nobody` when the worker is root, else the worker's own user, which cannot be
+    # changed without root). `none`: a network namespace of the step's own, loopback only.
+    shell_user: str | None = None
+    shell_network: Literal["host", "none"] = "host"
+    # Limits of the step's control group, where the machine offers one (memory comes from
+    # shell_max_memory_mb); fresh working directories go under shell_work_dir (default:
+    # the system's temporary directory).
+    shell_max_processes: int | None = Field(default=1024, gt=0)
+    shell_max_cpus: float | None = Field(default=None, gt=0)
+    shell_work_dir: str | None = None
+    # auto: cgroup v2 when it delegates memory/pids/cpu or is all there is, else v1.
+    shell_cgroup: Literal["auto", "v1", "v2", "none"] = "auto"
+    # Files named by {"secret": "NAME"} in a shell step's env or an http step's headers.
+    secrets_dir: str | None = None
     # Hosts and CIDR ranges an http step may call besides public addresses.
     http_allow: str = ""
     max_body_bytes: int = Field(default=1_048_576, gt=0)

@@ -14,6 +14,7 @@ from qforge import tracing
 from qforge.cli import split_csv
 from qforge.cli.common import complain, configure_logging, database_url, wait_for_schema
 from qforge.settings import get_settings
+from qforge.workers.isolation import IsolationError
 from qforge.workers.tasks import load_task_modules
 from qforge.workers.worker import Worker, default_name
 
@@ -36,8 +37,12 @@ def run(args: argparse.Namespace) -> int:
     url = database_url("worker", args.database_url)
     if url is None or not wait_for_schema("worker", url):
         return 1
-    worker = Worker(url, name=args.name or default_name(), queues=queues, concurrency=args.concurrency,
-                    allow_shell=args.allow_shell, settings=settings)
+    try:
+        worker = Worker(url, name=args.name or default_name(), queues=queues, concurrency=args.concurrency,
+                        allow_shell=args.allow_shell, settings=settings)
+    except IsolationError as exc:
+        complain("worker", exc)
+        return 2
     code = asyncio.run(worker.run())
     worker.task_threads.shutdown(wait=False, cancel_futures=True)
     deadline = time.monotonic() + 0.5  # idle pool threads exit at once; busy ones are abandoned sync tasks

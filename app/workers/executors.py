@@ -13,7 +13,9 @@ from typing import Any
 
 import httpx
 
+from qforge.workers.isolation import Step
 from qforge.workers.sandbox import TaskPolicy, resolve
+from qforge.workers.secrets import Masker, resolve_references
 from qforge.workers.tasks import RESULT_CHECK, TaskContext, TaskError, get_task
 
 __all__ = ["TaskError", "execute"]
@@ -43,12 +45,24 @@ async def execute(
         payload = {}
     if not isinstance(payload, dict):
         raise TaskError(f"the payload must be a JSON object, got {type(payload).__name__}")
-    if task == "shell":
-        result = await run_shell(payload, ctx)
-    elif task == "http":
-        result = await run_http(payload, ctx.policy)
-    else:
-        result = await run_python(task, payload, ctx, thread_pool)
+    masker = Masker()  # the values of the secrets a shell or http step references
+    try:
+        if task == "shell":
+            result = await run_shell(payload, ctx, masker)
+        elif task == "http":
+            result = await run_http(payload, ctx.policy, masker)
+        else:
+            result = await run_python(task, payload, ctx, thread_pool)
+    except TaskError as exc:
+        if masker:
+            raise masker.error(exc) from None
+        raise
+    except Exception as exc:
+        if masker:
+            raise TaskError(masker.text(f"{type(exc).__name__}: {exc}")) from None
+        raise
+    if masker:
+        result = masker.json(result)
     try:
         if result is not None:
             RESULT_CHECK.encode(result)
@@ -68,27 +82,45 @@ async def run_python(task: str, payload: dict, ctx: TaskContext, thread_pool: Ex
 # --- shell ----------------------------------------------------------------------
 
 
-async def run_shell(payload: dict, ctx: TaskContext) -> dict:
+async def run_shell(payload: dict, ctx: TaskContext, masker: Masker | None = None) -> dict:
     if not ctx.allow_shell:
         raise TaskError("shell tasks are not allowed on this worker (start it with --allow-shell)")
     command = payload.get("command")
     if not isinstance(command, str) or not command.strip():
         raise TaskError("a shell payload needs a non-empty string 'command'")
+    masker = masker if masker is not None else Masker()
+    payload = resolve_references(payload, "env", ctx.policy.secrets_dir, masker)
     # Never the worker's whole environment: its database URL and tokens would
     # land in the step's stored output (qforge.workers.sandbox).
     env = ctx.policy.shell_environment(_environment(payload.get("env")))
     timeout_seconds = _seconds(payload, "timeout_seconds")
+    isolation = ctx.policy.isolation
+    step = isolation.prepare() if isolation is not None else None
+    try:
+        return await _run_command(command, env, timeout_seconds, ctx.policy, step, masker)
+    finally:
+        if step is not None:
+            step.finish()  # also on cancel: whatever the step left in its cgroup dies, its HOME goes
 
+
+async def _run_command(command: str, env: dict[str, str], timeout_seconds: float | None, policy: TaskPolicy,
+                       step: Step | None, masker: Masker) -> dict:
+    argv = policy.shell_argv(command)
+    if step is not None:
+        argv = step.argv(argv)
+        env = {**env, **step.environment()}
     process = await asyncio.create_subprocess_exec(
-        *ctx.policy.shell_argv(command),
+        *argv,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=env,
-        # Its own session, hence its own process group: one killpg reaches every descendant.
+        cwd=step.directory if step is not None else None,
+        # Its own session, hence its own process group: one killpg reaches every descendant
+        # (and, isolated, PID 1 of the step's namespace, whose end ends the rest).
         start_new_session=True,
     )
-    stdout, stderr = _Tail(), _Tail()
+    stdout, stderr = _Tail(masker), _Tail(masker)
     readers = [
         asyncio.create_task(stdout.read_from(process.stdout)),
         asyncio.create_task(stderr.read_from(process.stderr)),
@@ -104,6 +136,8 @@ async def run_shell(payload: dict, ctx: TaskContext) -> dict:
         # (background jobs) ends with the job, so no step leaks processes.
         try:
             await _stop_process_group(process)
+            if step is not None:
+                step.kill_all()  # setsid escapees in its cgroup: before draining the pipes they hold
         finally:
             await _drain(process, readers)
 
@@ -120,19 +154,24 @@ async def run_shell(payload: dict, ctx: TaskContext) -> dict:
 
 
 class _Tail:
-    """The last OUTPUT_TAIL_BYTES of a stream."""
+    """The last OUTPUT_TAIL_BYTES of a stream, secrets masked."""
 
-    def __init__(self) -> None:
+    def __init__(self, masker: Masker) -> None:
         self.buffer = bytearray()
+        self.masker = masker
+        self.cut = False
 
     async def read_from(self, stream: asyncio.StreamReader) -> None:
         while chunk := await stream.read(OUTPUT_TAIL_BYTES):
             self.buffer += chunk
-            del self.buffer[:-OUTPUT_TAIL_BYTES]
+            if len(self.buffer) > OUTPUT_TAIL_BYTES:
+                self.cut = True
+                del self.buffer[:-OUTPUT_TAIL_BYTES]
 
     def text(self) -> str:
         # The cut may split a UTF-8 sequence; replacement beats failing the job.
-        return self.buffer.decode("utf-8", errors="replace")
+        text = self.buffer.decode("utf-8", errors="replace")
+        return self.masker.text(text, cut_head=self.cut) if self.masker else text
 
 
 async def _stop_process_group(process: asyncio.subprocess.Process) -> None:
@@ -217,19 +256,20 @@ def _environment(env: Any) -> dict[str, str]:
     if env is None:
         return {}
     if not isinstance(env, dict):
-        raise TaskError("shell 'env' must be an object of string values")
+        raise TaskError("shell 'env' must be an object of string values (or {\"secret\": NAME})")
     for name, value in env.items():
         if not name or "=" in name or "\0" in name:
             raise TaskError(f"shell 'env' has an invalid variable name {name!r}")
         if not isinstance(value, str) or "\0" in value:
-            raise TaskError(f"shell 'env.{name}' must be a string, got {type(value).__name__}")
+            raise TaskError(f"shell 'env.{name}' must be a string or {{\"secret\": NAME}},"
+                            f" got {type(value).__name__}")
     return env
 
 
 # --- http -----------------------------------------------------------------------
 
 
-async def run_http(payload: dict, policy: TaskPolicy | None = None) -> Any:
+async def run_http(payload: dict, policy: TaskPolicy | None = None, masker: Masker | None = None) -> Any:
     """Call the URL; every address it (and each redirect) resolves to is checked against
     `policy` (no loopback, private, link-local... unless QFORGE_HTTP_ALLOW allows it), and
     the connection goes to the address that was checked, so a second DNS answer cannot
@@ -248,9 +288,10 @@ async def run_http(payload: dict, policy: TaskPolicy | None = None) -> Any:
     if not isinstance(method, str) or not method.isalpha():
         raise TaskError(f"http 'method' must be a method name such as GET or POST, got {method!r}")
     method = method.upper()
+    payload = resolve_references(payload, "headers", policy.secrets_dir, masker if masker is not None else Masker())
     headers = payload.get("headers") or {}
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
-        raise TaskError("http 'headers' must be an object of string values")
+        raise TaskError("http 'headers' must be an object of string values (or {\"secret\": NAME})")
     timeout_seconds = _seconds(payload, "timeout_seconds") or HTTP_DEFAULT_TIMEOUT_SECONDS
     body_argument = {"json": payload["json"]} if "json" in payload else {}
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from qforge.settings import Settings
+from qforge.workers.isolation import Isolation
 
 # What every shell step gets from the worker's environment, when set.
 BASE_ENVIRONMENT = ("PATH", "HOME", "LANG", "TZ")
@@ -33,11 +34,18 @@ class TaskPolicy:
     shell_max_memory_mb: int | None = None
     shell_max_cpu_seconds: int | None = None
     http_allow: tuple[str, ...] = ()
+    # Who runs shell steps, where (qforge.workers.isolation); None: as the worker's child, in its
+    # folder (what a direct call of execute() gets; a worker with --allow-shell always has one).
+    isolation: Isolation | None = None
+    secrets_dir: str | None = None  # QFORGE_SECRETS_DIR
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "TaskPolicy":
+    def from_settings(cls, settings: Settings, *, shell: bool = False) -> "TaskPolicy":
+        """The worker's policy; with `shell`, shell steps run isolated (IsolationError if the
+        settings ask for what this machine cannot give)."""
         return cls(tuple(settings.shell_env_names), settings.shell_max_memory_mb,
-                   settings.shell_max_cpu_seconds, tuple(settings.http_allow_list))
+                   settings.shell_max_cpu_seconds, tuple(settings.http_allow_list),
+                   Isolation.from_settings(settings) if shell else None, settings.secrets_dir)
 
     # --- shell
 

@@ -38,7 +38,7 @@ from qforge.commands.report import Outcome, Report
 from qforge.events.store import JOBS_CHANNEL
 from qforge.settings import Settings, get_settings
 from qforge.workers.sandbox import TaskPolicy
-from qforge.workers import reporting
+from qforge.workers import isolation, reporting
 from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, Reconnecting, connect_async, describe
 from qforge.workers.executors import execute
 from qforge.workers.tasks import TaskContext
@@ -83,7 +83,10 @@ class Worker:
         self.queue_set = frozenset(queues)
         self.concurrency = concurrency
         self.allow_shell = allow_shell
-        self.task_policy = TaskPolicy.from_settings(self.settings)
+        # Shell steps apart from the worker (IsolationError when the settings cannot be honoured);
+        # not dumpable, so a step that runs as this same user cannot read /proc/<worker>/environ.
+        self.task_policy = TaskPolicy.from_settings(self.settings, shell=allow_shell)
+        self.undumpable = allow_shell and isolation.make_undumpable()
         self.info = workers.WorkerInfo(name=name, host=socket.gethostname(), pid=os.getpid(),
                                        queues=queues, concurrency=concurrency,
                                        started_at=datetime.now(timezone.utc))
@@ -118,6 +121,9 @@ class Worker:
                 return 0  # told to stop before the database was ever reachable
             log.info("worker %s started: queues %s, concurrency %d", self.name, ",".join(self.queues),
                      self.concurrency)
+            if self.task_policy.isolation is not None:
+                log.info("%s%s", self.task_policy.isolation.describe(),
+                         "; the worker is not dumpable" if self.undumpable else "")
             if self.settings.heartbeat_seconds * 1.5 >= self.settings.stale_seconds:
                 # A job can go 1.5 intervals without a beat (young jobs skip one).
                 log.warning("QFORGE_HEARTBEAT_SECONDS (%g) is too close to QFORGE_STALE_SECONDS (%g):"
