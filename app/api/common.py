@@ -9,6 +9,7 @@ from uuid import UUID
 
 from fastapi import Query, Request
 
+from qforge.api import redact
 from qforge.api.errors import ApiError
 from qforge.api.models import ErrorBody
 from qforge.projections import archived
@@ -22,7 +23,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (404, "unknown id"), (409, "the current state does not allow it"),
         (410, "archived: the execution's events are in an archive segment (named in details)"),
         (413, "body over QFORGE_MAX_BODY_BYTES"),
-        (422, "invalid input; details name every problem"), (503, "database unavailable"),
+        (415, "a write whose body is not application/json"),
+        (422, "invalid input; details name every problem"),
+        (429, "too many open streams for this token (QFORGE_API_STREAMS_PER_TOKEN)"),
+        (503, "database unavailable"),
     ]
 }
 
@@ -69,6 +73,14 @@ def missing(conn, kind: str, stream_id) -> ApiError:
                     f" {names} (qforge history {stream_id} --archive DIR prints them)",
                     [{"segment": s["segment"], "first_position": s["first_position"],
                       "last_position": s["last_position"]} for s in held])
+
+
+def proof_for(request: Request, who: Any, proof: dict) -> dict:
+    """The proof as `who` may see it: redacted for a read token (qforge.api.redact.redact_proof)."""
+    if who.scope != "read":
+        return proof
+    names = redact.ALWAYS | request.app.state.resources.settings.redact_names
+    return redact.redact_proof(proof, names)
 
 
 def archive_dir(request: Request) -> pathlib.Path | None:

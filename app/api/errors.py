@@ -20,7 +20,7 @@ log = logging.getLogger("qforge.api")
 COMMAND_STATUS = {NotFound: 404, Conflict: 409, Invalid: 422}
 HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
               405: "method_not_allowed", 406: "not_acceptable", 409: "conflict",
-              413: "payload_too_large", 415: "unsupported_media_type", 422: "invalid",
+              413: "payload_too_large", 415: "unsupported_media_type", 422: "invalid", 429: "too_many_requests",
               503: "unavailable"}
 # Routes of the pod orchestrator's API answer bad input with 400, as that system did.
 COMPAT_400_PATHS = ("/workflow",)

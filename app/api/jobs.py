@@ -7,8 +7,8 @@ from uuid import UUID
 
 from fastapi import APIRouter, Query, Request, Response
 
-from qforge.api.auth import Actor, needs
-from qforge.api.common import ERRORS, archive_dir, as_of_view, bad_query, limit_query, missing, tag_query, tags_of
+from qforge.api.auth import Actor, Caller, needs
+from qforge.api.common import ERRORS, archive_dir, proof_for, as_of_view, bad_query, limit_query, missing, tag_query, tags_of
 from qforge.api.deps import Conn, ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, JobList, JobView
@@ -79,13 +79,13 @@ def job_events(job_id: UUID, conn: ReadConn) -> dict:
 
 
 @router.get("/jobs/{job_id}/proof", response_model=None, responses=ERRORS)
-def job_proof(job_id: UUID, conn: Conn, request: Request) -> dict:
+def job_proof(job_id: UUID, conn: Conn, request: Request, who: Caller) -> dict:
     """The job's events with their hashes and Merkle paths, and the checkpoints up to the newest:
     check it alone with tools/verify_audit_proof.py against a head you kept (`qforge audit head`)."""
     found = audit_proof.proof_with_status(conn, "job", job_id, archive=archive_dir(request))
     if found is None:
         raise missing(conn, "job", job_id)
-    return found
+    return proof_for(request, who, found)
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobView, responses=ERRORS, **needs("operate"))

@@ -7,8 +7,8 @@ from uuid import UUID
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from qforge.api.auth import Actor, needs
-from qforge.api.common import ERRORS, archive_dir, as_of_view, bad_query, limit_query, missing, tag_query, tags_of
+from qforge.api.auth import Actor, Caller, needs
+from qforge.api.common import ERRORS, archive_dir, proof_for, as_of_view, bad_query, limit_query, missing, tag_query, tags_of
 from qforge.api.deps import Conn, ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, TriggerRequest, WorkflowCreated, WorkflowList, WorkflowView
@@ -77,13 +77,13 @@ def workflow_events(workflow_id: UUID, conn: ReadConn) -> dict:
 
 
 @router.get("/workflows/{workflow_id}/proof", response_model=None, responses=ERRORS)
-def workflow_proof(workflow_id: UUID, conn: Conn, request: Request) -> dict:
+def workflow_proof(workflow_id: UUID, conn: Conn, request: Request, who: Caller) -> dict:
     """The workflow's events with their hashes and Merkle paths, and the checkpoints up to the newest:
     check it alone with tools/verify_audit_proof.py against a head you kept (`qforge audit head`)."""
     found = audit_proof.proof_with_status(conn, "workflow", workflow_id, archive=archive_dir(request))
     if found is None:
         raise missing(conn, "workflow", workflow_id)
-    return found
+    return proof_for(request, who, found)
 
 
 @router.post("/workflows/{workflow_id}/cancel", response_model=WorkflowView, responses=ERRORS,
