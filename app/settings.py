@@ -94,8 +94,6 @@ class Settings(BaseSettings):
     # jobs), and bytes of payload one fan-out may write (elements x payload).
     max_workflow_jobs: int = Field(default=20_000, ge=1)
     max_fan_out_bytes: int = Field(default=67_108_864, ge=1024)
-    # Tags one job or workflow may carry.
-    max_tags: int = Field(default=20, ge=0, le=1000)
     host: str = "127.0.0.1"
     port: int = Field(default=8090, ge=0, le=65535)
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from qforge.api.auth import Actor, Caller, needs
 from qforge.api.common import ERRORS, archive_dir, proof_for, as_of_view, bad_query, limit_query, missing, tag_query, tags_of
-from qforge.api.deps import Conn, ReadConn
+from qforge.api.deps import Conn, PageBytes, ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, JobList, JobView
 from qforge.commands.enqueue import enqueue
@@ -44,16 +44,18 @@ def create_job(body: JobSpec, conn: Conn, response: Response, actor: Actor) -> d
 
 
 @router.get("/jobs", response_model=JobList, responses=ERRORS)
-def list_jobs(conn: ReadConn,
+def list_jobs(conn: ReadConn, max_bytes: PageBytes,
               status: Annotated[JobStatus | None, Query()] = None,
               queue: Annotated[str | None, Query(max_length=200)] = None,
               task: Annotated[str | None, Query(max_length=200)] = None,
               tag: tag_query = None, limit: limit_query = 50,
               cursor: Annotated[str | None, Query(max_length=500)] = None) -> dict:
-    """Jobs, newest first, filtered by status, queue, task and tags (key:value, all must match)."""
+    """Jobs, newest first, filtered by status, queue, task and tags (key:value, all must match); a
+    page ends after `limit` jobs or about QFORGE_API_PAGE_BYTES of JSON."""
     with bad_query():
         items, next_cursor = jobs_view.list_jobs(conn, status=status, queue=queue, task=task,
-                                                 tags=tags_of(tag), limit=limit, cursor=cursor)
+                                                 tags=tags_of(tag), limit=limit, cursor=cursor,
+                                                 max_bytes=max_bytes)
     return {"items": items, "next": next_cursor}
 
 

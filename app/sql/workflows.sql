@@ -87,3 +87,7 @@ SELECT * FROM jobs
  WHERE workflow_id = %(workflow_id)s AND element_of = %(step)s AND status = ANY(%(statuses)s::text[])
  ORDER BY element_index
  LIMIT %(limit)s
+
+-- name: workflow_job_count
+-- How many jobs a workflow has (its steps and fan-out elements): QFORGE_MAX_WORKFLOW_JOBS.
+SELECT count(*) AS count FROM jobs WHERE workflow_id = %(id)s
