@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from typing import Iterator
 
 import httpx
 import psycopg
 import pytest
 
+from qforge.events import audit, audit_proof
+from qforge.tools.verify_audit_proof import check_proof
 from test_auth import serve
 from test_worker_support import wait_for
 
@@ -137,3 +140,30 @@ def test_one_small_request_cannot_fan_out_into_a_gigabyte(db_url, monkeypatch):
         assert each["status"] == "dead" and "QFORGE_MAX_WORKFLOW_JOBS (6)" in each["error"], each["error"]
         flow = fan_out(client, {}, list(range(4)))  # 2 + 4 = 6: allowed
         assert flow["status"] == "running"
+
+
+def test_proofs_come_in_pages_that_join_into_the_whole_proof(small_pages, conn, tmp_path):
+    client = small_pages
+    flow = client.post("/workflows", json={"name": "many", "steps": [
+        {"step": f"s{n}", "type": "wait_for_trigger"} for n in range(12)]}).json()["id"]
+    for n in range(12):
+        assert client.post(f"/workflows/{flow}/steps/s{n}/trigger", json={"payload": {"n": n}}).status_code == 200
+        audit.checkpoint(conn)  # a checkpoint between each: many headers to page through too
+    pages, cursor = [], None
+    while True:
+        response = client.get(f"/workflows/{flow}/proof", params={"cursor": cursor} if cursor else {})
+        assert response.status_code == 200, response.text
+        assert len(response.content) < 2 * 4096 + 2048  # about QFORGE_API_PAGE_BYTES (one item may overshoot)
+        pages.append(response.json())
+        cursor = pages[-1]["next"]
+        if cursor is None:
+            break
+    assert len(pages) >= 3 and any(p["checkpoints"] for p in pages[1:])
+    joined = {**pages[0], "events": [e for p in pages for e in p["events"]],
+              "checkpoints": [c for p in pages for c in p["checkpoints"]]}
+    whole = audit_proof.proof(conn, "workflow", uuid.UUID(flow))
+    assert joined["events"] == whole["events"] and joined["checkpoints"] == whole["checkpoints"]
+    assert check_proof(joined, whole["checkpoints"][-1]) == []
+    assert "pages" in pages[0]["status"]["problems"][0]
+    bad = client.get(f"/workflows/{flow}/proof", params={"cursor": "nonsense"})
+    assert bad.status_code == 400 and "cursor" in bad.json()["message"]
