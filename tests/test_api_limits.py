@@ -167,3 +167,21 @@ def test_proofs_come_in_pages_that_join_into_the_whole_proof(small_pages, conn, 
     assert "pages" in pages[0]["status"]["problems"][0]
     bad = client.get(f"/workflows/{flow}/proof", params={"cursor": "nonsense"})
     assert bad.status_code == 400 and "cursor" in bad.json()["message"]
+
+
+def test_sub_workflows_share_their_roots_budget_of_jobs(db_url, monkeypatch):
+    monkeypatch.setenv("QFORGE_MAX_WORKFLOW_JOBS", "8")
+    for client in serve(db_url):
+        stored = client.put("/definitions/child", json={"steps": [
+            {"step": f"wait{n}", "type": "wait_for_trigger"} for n in range(3)]})
+        assert stored.status_code in (200, 201), stored.text
+        # 3 workflow steps + 3 children of 3 steps each = 12 jobs > 8: the first child fits (6), not the second
+        flow = client.post("/workflows", json={"name": "tree", "steps": [
+            {"step": f"c{n}", "type": "workflow", "definition": "child"} for n in range(3)]})
+        assert flow.status_code == 201, flow.text
+        steps = {s["step"]: s for s in client.get(f"/workflows/{flow.json()['id']}").json()["steps"]}
+        assert steps["c0"]["status"] == "waiting", steps["c0"]
+        refused = [s for s in steps.values() if s["status"] == "dead"]
+        assert len(refused) == 2 and all("QFORGE_MAX_WORKFLOW_JOBS (8)" in s["error"] for s in refused), steps
+        with psycopg.connect(db_url) as conn:
+            assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 6  # the refused children left nothing

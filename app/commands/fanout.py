@@ -111,10 +111,11 @@ class Fanout:
                 return (f"for_each: {count} elements would write about {written} bytes of payloads, more than"
                         f" QFORGE_MAX_FAN_OUT_BYTES ({max_bytes})")
         if max_jobs is not None:
-            self.cur.execute(q("workflow_job_count"), {"id": self.workflow_id})
+            self.cur.execute(q("workflow_tree_job_count"), {"id": self.workflow_id})
             existing = self.cur.fetchone()["count"] + self.created
             if existing + count > max_jobs:
-                return (f"for_each: {count} elements would make the workflow's jobs {existing + count}, more than"
+                return (f"for_each: {count} elements would make the workflow's jobs (with its parents' and"
+                        f" sub-workflows') {existing + count}, more than"
                         f" QFORGE_MAX_WORKFLOW_JOBS ({max_jobs})")
         return None
 
