@@ -41,7 +41,7 @@ import time
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 from urllib.parse import urlsplit, urlunsplit, quote
 
 import random
@@ -196,6 +196,7 @@ def make_pool(
     name: str | None = None,
     timeout: float = 30.0,
     check_on_checkout: bool = False,
+    configure: Callable[[Any], None] | None = None,
     **connection_kwargs: Any,
 ) -> ConnectionPool:
     """An open pool whose first ``min_size`` connections are ready; close it when done.
@@ -211,6 +212,7 @@ def make_pool(
         name=name,
         timeout=timeout,
         check_on_checkout=check_on_checkout,
+        configure=configure,
         open=True,
     )
     try:

@@ -113,6 +113,25 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1_048_576, gt=0)
     # The longest list a for_each step fans out over (longer ones fail the step).
     max_fan_out: int = Field(default=10_000, gt=0)
+    # Who may reach the API from a browser, and how much one request may take (issue 30,
+    # docs/security.md). Host names a request may carry in Host (comma-separated; `*` any,
+    # `.example.com` a domain and its subdomains); empty: the bound address, localhost,
+    # 127.0.0.1 and [::1].
+    allowed_hosts: str = ""
+    # Field names (besides Authorization, Proxy-Authorization, Cookie, Set-Cookie, and every
+    # value of a shell step's `env`) shown as *** to read tokens; comma-separated, any case.
+    redact_fields: str = ""
+    # Longest a statement of an API request may run (0: no limit).
+    api_statement_timeout_seconds: float = Field(default=30, ge=0)
+    # A page of /events, a list, a search or a proof stops once it holds about this many bytes
+    # of JSON (at least one item): `next` goes on from there.
+    api_page_bytes: int = Field(default=4_194_304, ge=1024)
+    # Open /events/stream connections per token (anonymous counts as one token).
+    api_streams_per_token: int = Field(default=20, ge=1)
+    # Jobs one workflow may create in all (its steps, fan-out elements and its sub-workflows'
+    # jobs), and bytes of payload one fan-out may write (elements x payload).
+    max_workflow_jobs: int = Field(default=20_000, ge=1)
+    max_fan_out_bytes: int = Field(default=67_108_864, ge=1024)
     host: str = "127.0.0.1"
     port: int = Field(default=8090, ge=0, le=65535)
 
@@ -140,6 +159,10 @@ class Settings(BaseSettings):
             if "/" in entry:
                 ipaddress.ip_network(entry, strict=False)  # ValueError names it
         return ",".join(entries)
+
+    @property
+    def redact_names(self) -> frozenset[str]:
+        return frozenset(name.strip().lower() for name in self.redact_fields.split(",") if name.strip())
 
     @property
     def shell_env_names(self) -> list[str]:

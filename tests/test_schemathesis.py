@@ -16,6 +16,8 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, negativ
 from qforge.api.app import create_app
 from qforge.api.server import BackgroundServer
 from qforge.commands import tokens
+from qforge.commands.enqueue import enqueue
+from qforge.commands.specs import JobSpec
 from qforge.settings import Settings
 
 EXAMPLES_PER_OPERATION = 45  # 19 operations (several requests per example): over 1,000 in all
@@ -58,12 +60,16 @@ def test_enough_requests_were_generated():
 def read_only_api(db_url: str) -> Iterator[tuple[str, str, str]]:
     with psycopg.connect(db_url, autocommit=True) as conn:
         secret = tokens.create_token(conn, "fuzz-reader", "read", actor="test")
+        # a job carrying a credential, which the read token must never see
+        enqueue(conn, [JobSpec(task="http", payload={"url": "http://127.0.0.1:9/", "headers": {
+            "Authorization": HIDDEN}, "env": {"KEY": HIDDEN}}, tags={"fuzz": "yes"})], actor="test")
     app = create_app(db_url, settings=Settings(database_url=db_url, api_token=None))
     with BackgroundServer(app) as server:
         yield server.url, secret, db_url
 
 
 READ_ONLY_EXAMPLES = 20  # per operation
+HIDDEN = "Bearer fuzz-credential"
 
 
 @schema.exclude(path="/events/stream").parametrize()
@@ -73,9 +79,10 @@ def test_a_read_only_token_gets_no_5xx_and_no_write_accepted(case, read_only_api
     url, secret, db_url = read_only_api
     response = case.call(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=30)
     case.validate_response(response, checks=[not_a_server_error])
+    assert HIDDEN not in response.text, (case.method, case.path)
     if case.method.upper() not in ("GET", "HEAD") and case.path != "/events/stream-ticket":
         # refused: for the scope (403), or earlier for a malformed body or an unknown route
-        assert response.status_code in (400, 403, 404, 405, 413), (case.method, case.path, response.status_code)
+        assert response.status_code in (400, 403, 404, 405, 413, 415), (case.method, case.path, response.status_code)
     with psycopg.connect(db_url) as conn:
         logged = conn.execute("SELECT stream_type, type FROM events ORDER BY position").fetchall()
-    assert logged == [("token", "TokenCreated")]
+    assert logged == [("token", "TokenCreated"), ("job", "Enqueued")]  # nothing written since

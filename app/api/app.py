@@ -20,7 +20,9 @@ from qforge.api.auth import authorize, refuse_unguarded
 from qforge.api.consistency import WriteLsnHeaders
 from qforge.api.deps import Resources
 from qforge.api.errors import error_response
+from qforge.api.guard import BrowserGuard, allowed_hosts
 from qforge.api.metrics import make_registry
+from qforge.api.redact import RedactForReaders
 from qforge.settings import Settings, get_settings
 
 WEB_DIR = Path(str(resources.files("qforge.web")))
@@ -129,9 +131,11 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
     return replayed
 
 
-def create_app(database_url: str | None = None, *, settings: Settings | None = None) -> FastAPI:
+def create_app(database_url: str | None = None, *, settings: Settings | None = None,
+               bound_host: str | None = None) -> FastAPI:
     """The API. `database_url` overrides QFORGE_DATABASE_URL; neither means the embedded
-    server. The database is reached on first use, not at startup."""
+    server. The database is reached on first use, not at startup. `bound_host` (default
+    QFORGE_HOST) is one of the hosts a request may name when QFORGE_ALLOWED_HOSTS is empty."""
     settings = settings or get_settings()
     resources = Resources(settings, database_url)
 
@@ -191,8 +195,10 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
         app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="dashboard")
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RedactForReaders, names=settings.redact_names)
     if settings.read_database_url:
         app.add_middleware(WriteLsnHeaders)  # X-QForge-LSN on writes: read-your-writes via a standby
+    app.add_middleware(BrowserGuard, hosts=allowed_hosts(settings.allowed_hosts, bound_host or settings.host))
     app.add_middleware(SecurityHeaders)
     refuse_unguarded(app)
     if not settings.api_token:

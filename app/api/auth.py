@@ -166,15 +166,16 @@ def _ticket_key(request: Request) -> bytes:
 def issue_ticket(request: Request, who: Who) -> tuple[str, int]:
     """(ticket, seconds it lasts) for the stream, on behalf of `who`."""
     seconds = request.app.state.resources.settings.stream_ticket_seconds
-    payload = json.dumps({"t": who.name, "p": TICKET_PURPOSE, "exp": int(time.time()) + seconds,
+    payload = json.dumps({"t": who.name, "s": who.scope, "p": TICKET_PURPOSE, "exp": int(time.time()) + seconds,
                           "n": secrets.token_hex(8)}, separators=(",", ":")).encode()
     signature = hmac.new(_ticket_key(request), payload, hashlib.sha256).digest()
     return f"{_b64(payload)}.{_b64(signature)}", seconds
 
 
 def check_ticket(request: Request, ticket: str) -> Who:
-    """The token a ticket was issued to, with read scope (401 if forged, expired, of another
-    purpose, or its token was revoked since)."""
+    """The token a ticket was issued to (401 if forged, expired, of another purpose, or its token
+    was revoked since), with the token's scope: it opens the stream only (a read route), and the
+    stream shows a read token's events redacted (qforge.api.redact)."""
     encoded, _, signature = ticket.partition(".")
     try:
         payload, mac = _unb64(encoded), _unb64(signature)
@@ -190,7 +191,8 @@ def check_ticket(request: Request, ticket: str) -> Who:
     name = str(claims.get("t"))
     if not token_still_valid(request, name):
         raise _unauthorized(f"token '{name}' was revoked", request.url.path)
-    return Who(name, "read")
+    scope = claims.get("s") if claims.get("s") in SCOPES else "read"
+    return Who(name, scope)
 
 
 def token_still_valid(request: Request, name: str) -> bool:

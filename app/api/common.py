@@ -9,8 +9,10 @@ from uuid import UUID
 
 from fastapi import Query, Request
 
+from qforge.api import redact
 from qforge.api.errors import ApiError
 from qforge.api.models import ErrorBody
+from qforge.events import audit_proof
 from qforge.projections import archived
 from qforge.projections.pages import parse_tags
 
@@ -22,7 +24,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (404, "unknown id"), (409, "the current state does not allow it"),
         (410, "archived: the execution's events are in an archive segment (named in details)"),
         (413, "body over QFORGE_MAX_BODY_BYTES"),
-        (422, "invalid input; details name every problem"), (503, "database unavailable"),
+        (415, "a write whose body is not application/json"),
+        (422, "invalid input; details name every problem"),
+        (429, "too many open streams for this token (QFORGE_API_STREAMS_PER_TOKEN)"),
+        (503, "database unavailable"),
     ]
 }
 
@@ -69,6 +74,27 @@ def missing(conn, kind: str, stream_id) -> ApiError:
                     f" {names} (qforge history {stream_id} --archive DIR prints them)",
                     [{"segment": s["segment"], "first_position": s["first_position"],
                       "last_position": s["last_position"]} for s in held])
+
+
+PROOF_DOC = """
+    Check it alone with tools/verify_audit_proof.py against a head you kept (`qforge audit head`).
+    In pages of about QFORGE_API_PAGE_BYTES (events first, then checkpoints): follow `next` and
+    join every page's events and checkpoints; `status` is the server's check when one page holds
+    it all. A read token's proof masks secret-looking fields (those events say "redacted")."""
+proof_cursor = Annotated[str | None, Query(max_length=500, description="the `next` of the previous page")]
+
+
+def proof_answer(conn, request: Request, who: Any, kind: str, stream_id: UUID, cursor: str | None) -> dict:
+    """A page of the proof of a job or a workflow, as `who` may see it (redacted for a read token:
+    qforge.api.redact.redact_proof); 404/410 when there is none."""
+    with bad_query():
+        found = audit_proof.proof_page(conn, kind, stream_id, cursor=cursor, archive=archive_dir(request),
+                                       max_bytes=request.app.state.resources.settings.api_page_bytes)
+    if found is None:
+        raise missing(conn, kind, stream_id)
+    if who.scope != "read":
+        return found
+    return redact.redact_proof(found, redact.ALWAYS | request.app.state.resources.settings.redact_names)
 
 
 def archive_dir(request: Request) -> pathlib.Path | None:

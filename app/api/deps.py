@@ -44,6 +44,7 @@ class Resources:
         self._hub: EventHub | None = None
         # auth.stream_still_allowed's last question per token name: (asked at, its answer)
         self.stream_verdicts: dict[str, tuple[float, asyncio.Task[bool]]] = {}
+        self.open_streams: dict[str, int] = {}  # token name -> its open SSE streams (events.StreamLease)
         self._lock = threading.Lock()
         self._standby_down_until = 0.0
         self.last_write_lsn = 0  # the newest write this process made, as a WAL position
@@ -70,7 +71,13 @@ class Resources:
         # Checked at checkout: after a failover every idle connection points at
         # the dead primary, and a request should not be the one to find out.
         return make_pool(url, min_size=1, max_size=16, name=name, timeout=5.0, check_on_checkout=True,
-                         autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES)
+                         configure=self._bound, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                         **KEEPALIVES)
+
+    def _bound(self, conn: psycopg.Connection) -> None:
+        """Every API connection's statements end after QFORGE_API_STATEMENT_TIMEOUT_SECONDS: no
+        request (a wide search, a huge proof) can hold a connection and the server's CPU longer."""
+        set_statement_timeout(conn, self.settings.api_statement_timeout_seconds)
 
     @property
     def pool(self) -> ConnectionPool:
@@ -154,6 +161,18 @@ class Resources:
         for pool in pools:
             if pool is not None:
                 pool.close()
+
+
+def set_statement_timeout(conn: psycopg.Connection, seconds: float) -> None:
+    conn.execute("SELECT set_config('statement_timeout', %s, false)", [f"{int(seconds * 1000)}ms"])
+
+
+def page_bytes(request: Request) -> int:
+    """QFORGE_API_PAGE_BYTES: about how much JSON one page of a list, /events or a proof holds."""
+    return request.app.state.resources.settings.api_page_bytes
+
+
+PageBytes = Annotated[int, Depends(page_bytes)]
 
 
 def resources(request: Request) -> Resources:

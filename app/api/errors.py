@@ -20,7 +20,7 @@ log = logging.getLogger("qforge.api")
 COMMAND_STATUS = {NotFound: 404, Conflict: 409, Invalid: 422}
 HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
               405: "method_not_allowed", 406: "not_acceptable", 409: "conflict",
-              413: "payload_too_large", 415: "unsupported_media_type", 422: "invalid",
+              413: "payload_too_large", 415: "unsupported_media_type", 422: "invalid", 429: "too_many_requests",
               503: "unavailable"}
 # Routes of the pod orchestrator's API answer bad input with 400, as that system did.
 COMPAT_400_PATHS = ("/workflow",)
@@ -115,6 +115,16 @@ async def _on_data_error(request: Request, exc: psycopg.DataError) -> JSONRespon
     return error_response(422, "invalid", f"a value cannot be stored: {exc}".splitlines()[0])
 
 
+async def _on_statement_timeout(request: Request, exc: psycopg.errors.QueryCanceled) -> JSONResponse:
+    # QFORGE_API_STATEMENT_TIMEOUT_SECONDS ended the request's query: the request asked for too much
+    # at once (a 4xx: asking again the same way fails the same way).
+    limit = request.app.state.resources.settings.api_statement_timeout_seconds
+    return error_response(422, "statement_timeout",
+                          f"the request's query ran longer than QFORGE_API_STATEMENT_TIMEOUT_SECONDS ({limit:g} s)"
+                          " and was stopped: narrow it (filters, a smaller limit, a later cursor)",
+                          [{"limit": "QFORGE_API_STATEMENT_TIMEOUT_SECONDS", "value": limit}])
+
+
 async def _on_database_down(request: Request, exc: Exception) -> JSONResponse:
     log.warning("database unavailable: %s", exc)
     return error_response(503, "unavailable", "the database is not reachable right now",
@@ -133,6 +143,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(CommandError, _on_command_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(psycopg.DataError, _on_data_error)
+    app.add_exception_handler(psycopg.errors.QueryCanceled, _on_statement_timeout)
     app.add_exception_handler(PoolTimeout, _on_database_down)
     app.add_exception_handler(psycopg.OperationalError, _on_database_down)
     app.add_exception_handler(Exception, _on_unexpected)

@@ -9,6 +9,7 @@ sends it back as Last-Event-ID and resumes exactly after it.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Annotated, AsyncIterator, Awaitable, Callable
 from uuid import UUID
@@ -22,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from qforge.api import auth
 from qforge.api.auth import Caller, needs
 from qforge.api.common import ERRORS, bad_query, tags_of
-from qforge.api.deps import ReadConn, Resources
+from qforge.api.deps import PageBytes, ReadConn, Resources
 from qforge.api.errors import ApiError
 from qforge.api.hub import Batch, Key, encode, key_of
 from qforge.api.models import EventPage, StreamTicket
@@ -31,6 +32,7 @@ from qforge.events.types import Event
 
 router = APIRouter(tags=["events"])
 
+READ_CHUNK = 20  # events GET /events reads per statement, so that a page stops near its byte bound
 PAGE_SIZE = 200  # events a subscriber holds at once: memory per client is bounded by this
 IDLE_RECHECK_SECONDS = 5.0  # a subscriber re-reads at least this often even without a wake-up
 PING_SECONDS = 15
@@ -49,15 +51,28 @@ def parse_cursor(text: str | None) -> store.Cursor:
 
 
 @router.get("/events", response_model=None, responses={200: {"model": EventPage}, **ERRORS})
-def list_events(conn: ReadConn, after: cursor_query = None,
+def list_events(conn: ReadConn, max_bytes: PageBytes, after: cursor_query = None,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:
-    """The log in order, after a cursor (from the beginning without one); `next` resumes."""
+    """The log in order, after a cursor (from the beginning without one); `next` resumes. A page
+    ends after `limit` events or once it holds about QFORGE_API_PAGE_BYTES of JSON (at least one
+    event), whichever comes first."""
     cursor = parse_cursor(after)
-    events = store.read_after(conn, cursor, limit)
-    if events:
-        cursor = store.cursor_of(events[-1])
-    return {"events": [e.model_dump(mode="json") for e in events],
-            "next": store.encode_cursor(cursor)}
+    dumped: list[dict] = []
+    size = 0
+    while len(dumped) < limit:
+        # Read a few at a time: one event may be a MiB, so a page of 1,000 read at once could be a GB.
+        chunk = store.read_after(conn, cursor, min(limit - len(dumped), READ_CHUNK))
+        for event in chunk:
+            item = event.model_dump(mode="json")
+            weight = len(json.dumps(item))
+            if dumped and size + weight > max_bytes:
+                return {"events": dumped, "next": store.encode_cursor(cursor)}
+            dumped.append(item)
+            size += weight
+            cursor = store.cursor_of(event)
+        if len(chunk) < READ_CHUNK:
+            break
+    return {"events": dumped, "next": store.encode_cursor(cursor)}
 
 
 class Filters:
@@ -143,6 +158,46 @@ async def subscribe(resources: Resources, cursor: store.Cursor, filters: Filters
                 pass
 
 
+class StreamLease:
+    """One open stream of a token, counted against QFORGE_API_STREAMS_PER_TOKEN. Given back when
+    the stream ends, or when a response that never started streaming is collected."""
+
+    def __init__(self, counts: dict[str, int], name: str):
+        self.counts, self.name, self.held = counts, name, True
+        counts[name] = counts.get(name, 0) + 1
+
+    @classmethod
+    def take(cls, resources: Resources, name: str) -> "StreamLease":
+        limit = resources.settings.api_streams_per_token
+        if resources.open_streams.get(name, 0) >= limit:
+            raise ApiError(429, "too_many_streams",
+                           f"token '{name}' has {limit} streams open on this API process, the most"
+                           " QFORGE_API_STREAMS_PER_TOKEN allows: close one first",
+                           [{"limit": "QFORGE_API_STREAMS_PER_TOKEN", "value": limit}],
+                           headers={"Retry-After": "5"})
+        return cls(resources.open_streams, name)
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            left = self.counts.get(self.name, 1) - 1
+            if left > 0:
+                self.counts[self.name] = left
+            else:
+                self.counts.pop(self.name, None)
+
+    def __del__(self) -> None:
+        self.release()
+
+
+async def counted(lease: StreamLease, messages: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in messages:
+            yield chunk
+    finally:
+        lease.release()
+
+
 @router.get("/events/stream", response_class=EventSourceResponse,
             responses={200: {"description": "text/event-stream: `id: <cursor>`, "
                                             "`event: <type>`, `data: <event JSON>` (an Event)",
@@ -183,7 +238,9 @@ async def stream(request: Request, after: cursor_query = None,
     async def still_allowed() -> bool:
         return await auth.stream_still_allowed(request, who.name)
 
-    return EventSourceResponse(subscribe(resources, cursor, filters, still_allowed), ping=PING_SECONDS,
+    lease = StreamLease.take(resources, who.name)
+    return EventSourceResponse(counted(lease, subscribe(resources, cursor, filters, still_allowed)),
+                               ping=PING_SECONDS,
                                send_timeout=SEND_TIMEOUT_SECONDS,
                                headers={"Cache-Control": "no-store"})
 

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 
 from qforge.api.common import ERRORS, bad_query, limit_query, tags_of
-from qforge.api.deps import ReadConn
+from qforge.api.deps import PageBytes, ReadConn
 from qforge.api.models import ExecutionList
 from qforge.projections import executions
 
@@ -15,7 +15,7 @@ router = APIRouter(tags=["search"])
 
 
 @router.get("/executions", response_model=ExecutionList, responses=ERRORS)
-def search(conn: ReadConn,
+def search(conn: ReadConn, max_bytes: PageBytes,
            tag: Annotated[list[str], Query(min_length=1, max_length=20, description=(
                "key:value; repeat for more: an execution must carry all of them"))],
            actor: Annotated[str | None, Query(max_length=200, description=(
@@ -27,5 +27,5 @@ def search(conn: ReadConn,
     """Jobs and workflows carrying every given tag (and touched by `actor`), newest first."""
     with bad_query():
         items, next_cursor = executions.search(conn, tags_of(tag), actor=actor, limit=limit, cursor=cursor,
-                                               waiting=waiting)
+                                               waiting=waiting, max_bytes=max_bytes)
     return {"items": items, "next": next_cursor}

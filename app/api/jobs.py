@@ -7,15 +7,16 @@ from uuid import UUID
 
 from fastapi import APIRouter, Query, Request, Response
 
-from qforge.api.auth import Actor, needs
-from qforge.api.common import ERRORS, archive_dir, as_of_view, bad_query, limit_query, missing, tag_query, tags_of
-from qforge.api.deps import Conn, ReadConn
+from qforge.api.auth import Actor, Caller, needs
+from qforge.api.common import (ERRORS, PROOF_DOC, as_of_view, bad_query, limit_query, missing, proof_answer,
+                               proof_cursor, tag_query, tags_of)
+from qforge.api.deps import Conn, PageBytes, ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, JobList, JobView
 from qforge.commands.enqueue import enqueue
 from qforge.commands.specs import JobSpec
 from qforge.commands.manage import cancel_job, retry_job
-from qforge.events import audit_proof, store
+from qforge.events import store
 from qforge.events.states import statuses
 from qforge.projections import asof
 from qforge.projections import jobs as jobs_view
@@ -44,16 +45,18 @@ def create_job(body: JobSpec, conn: Conn, response: Response, actor: Actor) -> d
 
 
 @router.get("/jobs", response_model=JobList, responses=ERRORS)
-def list_jobs(conn: ReadConn,
+def list_jobs(conn: ReadConn, max_bytes: PageBytes,
               status: Annotated[JobStatus | None, Query()] = None,
               queue: Annotated[str | None, Query(max_length=200)] = None,
               task: Annotated[str | None, Query(max_length=200)] = None,
               tag: tag_query = None, limit: limit_query = 50,
               cursor: Annotated[str | None, Query(max_length=500)] = None) -> dict:
-    """Jobs, newest first, filtered by status, queue, task and tags (key:value, all must match)."""
+    """Jobs, newest first, filtered by status, queue, task and tags (key:value, all must match); a
+    page ends after `limit` jobs or about QFORGE_API_PAGE_BYTES of JSON."""
     with bad_query():
         items, next_cursor = jobs_view.list_jobs(conn, status=status, queue=queue, task=task,
-                                                 tags=tags_of(tag), limit=limit, cursor=cursor)
+                                                 tags=tags_of(tag), limit=limit, cursor=cursor,
+                                                 max_bytes=max_bytes)
     return {"items": items, "next": next_cursor}
 
 
@@ -78,14 +81,11 @@ def job_events(job_id: UUID, conn: ReadConn) -> dict:
     return {"events": [e.model_dump(mode="json") for e in events]}
 
 
-@router.get("/jobs/{job_id}/proof", response_model=None, responses=ERRORS)
-def job_proof(job_id: UUID, conn: Conn, request: Request) -> dict:
-    """The job's events with their hashes and Merkle paths, and the checkpoints up to the newest:
-    check it alone with tools/verify_audit_proof.py against a head you kept (`qforge audit head`)."""
-    found = audit_proof.proof_with_status(conn, "job", job_id, archive=archive_dir(request))
-    if found is None:
-        raise missing(conn, "job", job_id)
-    return found
+@router.get("/jobs/{job_id}/proof", response_model=None, responses=ERRORS,
+            description=f"The job's events with their hashes and Merkle paths, and the checkpoints up to the"
+                        f" newest.{PROOF_DOC}")
+def job_proof(job_id: UUID, conn: Conn, request: Request, who: Caller, cursor: proof_cursor = None) -> dict:
+    return proof_answer(conn, request, who, "job", job_id, cursor)
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobView, responses=ERRORS, **needs("operate"))

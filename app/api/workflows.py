@@ -7,15 +7,16 @@ from uuid import UUID
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from qforge.api.auth import Actor, needs
-from qforge.api.common import ERRORS, archive_dir, as_of_view, bad_query, limit_query, missing, tag_query, tags_of
+from qforge.api.auth import Actor, Caller, needs
+from qforge.api.common import (ERRORS, PROOF_DOC, as_of_view, bad_query, limit_query, missing, proof_answer,
+                               proof_cursor, tag_query, tags_of)
 from qforge.api.deps import Conn, ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, TriggerRequest, WorkflowCreated, WorkflowList, WorkflowView
 from qforge.commands import resume
 from qforge.commands import workflows as commands
 from qforge.commands.specs import WorkflowSpec
-from qforge.events import audit_proof, store
+from qforge.events import store
 from qforge.events.states import statuses
 from qforge.projections import asof
 from qforge.projections import workflows as workflows_view
@@ -76,14 +77,12 @@ def workflow_events(workflow_id: UUID, conn: ReadConn) -> dict:
     return {"events": [e.model_dump(mode="json") for e in events]}
 
 
-@router.get("/workflows/{workflow_id}/proof", response_model=None, responses=ERRORS)
-def workflow_proof(workflow_id: UUID, conn: Conn, request: Request) -> dict:
-    """The workflow's events with their hashes and Merkle paths, and the checkpoints up to the newest:
-    check it alone with tools/verify_audit_proof.py against a head you kept (`qforge audit head`)."""
-    found = audit_proof.proof_with_status(conn, "workflow", workflow_id, archive=archive_dir(request))
-    if found is None:
-        raise missing(conn, "workflow", workflow_id)
-    return found
+@router.get("/workflows/{workflow_id}/proof", response_model=None, responses=ERRORS,
+            description=f"The workflow's events with their hashes and Merkle paths, and the checkpoints up to the"
+                        f" newest.{PROOF_DOC}")
+def workflow_proof(workflow_id: UUID, conn: Conn, request: Request, who: Caller,
+                   cursor: proof_cursor = None) -> dict:
+    return proof_answer(conn, request, who, "workflow", workflow_id, cursor)
 
 
 @router.post("/workflows/{workflow_id}/cancel", response_model=WorkflowView, responses=ERRORS,

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             stop_embedded()
             return 2
     try:
-        config = uvicorn.Config(create_app(url), host=args.host, port=args.port,
+        config = uvicorn.Config(create_app(url, bound_host=args.host), host=args.host, port=args.port,
                                 log_level="info", timeout_graceful_shutdown=5)
         # What is loaded by now (modules, the app, its routes: ~100,000 tracked objects) lives as
         # long as the process: out of the collector's sight, a full collection takes

@@ -91,8 +91,10 @@ def _round(conn, cur, workflow: dict, steps: list[dict], clock: datetime, now: d
     for decision in verdict.decisions:
         row, spec = by_name[decision.step], specs.get(decision.step) or {}
         if decision.event_type == ev.StepUnblocked.type and spec.get("for_each"):
+            settings = get_settings()
             fan.start(row, spec, decision.data.get("inputs", {}),
-                      by_name[spec["for_each"]["step"]]["result"], get_settings().max_fan_out)
+                      by_name[spec["for_each"]["step"]]["result"], settings.max_fan_out,
+                      settings.max_workflow_jobs, settings.max_fan_out_bytes)
         elif decision.event_type == ev.StepUnblocked.type and row["step_type"] == "workflow":
             fan.again |= _start_child(conn, workflow, row, spec, decision.data.get("inputs", {}),
                                       events, actor=actor, now=now)

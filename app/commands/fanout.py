@@ -13,6 +13,7 @@ events, then the step's Succeeded or Failed/DeadLettered.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime
 from typing import Any
@@ -56,6 +57,7 @@ class Fanout:
     def __init__(self, cur, workflow_id: uuid.UUID, clock: datetime) -> None:
         self.cur, self.workflow_id, self.clock = cur, workflow_id, clock  # cur: a dict_row cursor
         self.events: list[NewEvent] = []
+        self.created = 0  # elements this round enqueued (not in jobs yet)
         self.again = False  # a step ended in this round: the DAG rules must look again
 
     def _event(self, row: dict, offset: int, data: ev.EventData) -> None:
@@ -63,8 +65,12 @@ class Fanout:
                                     tags=row["tags"], workflow_id=self.workflow_id))
 
     def start(self, row: dict, spec: dict[str, Any], inputs: dict[str, Any], source_output: Any,
-              max_fan_out: int) -> None:
-        """The step was just unblocked: wait, and enqueue its elements (or end at once)."""
+              max_fan_out: int, max_workflow_jobs: int | None = None, max_fan_out_bytes: int | None = None) -> None:
+        """The step was just unblocked: wait, and enqueue its elements (or end at once). The step
+        fails instead, naming the limit, when its elements would take the workflow over
+        QFORGE_MAX_WORKFLOW_JOBS jobs or write more than QFORGE_MAX_FAN_OUT_BYTES of payloads
+        (each element carries a copy of the step's payload: a 100 KB payload over 10,000
+        elements would be a GB)."""
         from qforge.commands.advance import NEVER  # advance imports this module
         self._event(row, 1, ev.StepUnblocked(status=WAITING, run_at=NEVER, inputs=inputs))
         if self._summary(row)["total"]:  # resumed: the first run's elements are there, the dead reopened
@@ -80,6 +86,11 @@ class Fanout:
             return
         limit = spec.get("max_parallel") or len(items)
         payload = {**row["payload"], "inputs": element_inputs(inputs, spec)}
+        problem = self._over_limits(len(items), payload, items, max_workflow_jobs, max_fan_out_bytes)
+        if problem is not None:
+            self._fail(row, problem, offset=2)
+            return
+        self.created += len(items)
         for index, item in enumerate(items):
             self.events.append(NewEvent(
                 stream_id=new_id(), version=1, tags=row["tags"], workflow_id=self.workflow_id,
@@ -91,6 +102,22 @@ class Fanout:
                                  element_of=row["step"], element_index=index,
                                  backoff_base_seconds=row["backoff_base_seconds"],
                                  backoff_cap_seconds=row["backoff_cap_seconds"])))
+
+    def _over_limits(self, count: int, payload: dict[str, Any], items: list, max_jobs: int | None,
+                     max_bytes: int | None) -> str | None:
+        if max_bytes is not None:
+            written = count * len(json.dumps(payload, default=str)) + len(json.dumps(items, default=str))
+            if written > max_bytes:
+                return (f"for_each: {count} elements would write about {written} bytes of payloads, more than"
+                        f" QFORGE_MAX_FAN_OUT_BYTES ({max_bytes})")
+        if max_jobs is not None:
+            self.cur.execute(q("workflow_tree_job_count"), {"id": self.workflow_id})
+            existing = self.cur.fetchone()["count"] + self.created
+            if existing + count > max_jobs:
+                return (f"for_each: {count} elements would make the workflow's jobs (with its parents' and"
+                        f" sub-workflows') {existing + count}, more than"
+                        f" QFORGE_MAX_WORKFLOW_JOBS ({max_jobs})")
+        return None
 
     def progress(self, row: dict, spec: dict[str, Any]) -> None:
         """A waiting fan-out step: end it, or start the next elements within max_parallel.

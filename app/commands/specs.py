@@ -60,8 +60,13 @@ class Storable(BaseModel):
         return data
 
 
+MAX_TAGS = 20  # tags one job or workflow carries: each is a row of execution_tags, copied to every event
+
+
 def check_tags(tags: dict[str, str]) -> dict[str, str]:
-    """Tags are searched as key:value, so a key holds no ':'."""
+    """Tags are searched as key:value, so a key holds no ':'; at most MAX_TAGS of them."""
+    if len(tags) > MAX_TAGS:
+        raise ValueError(f"{len(tags)} tags: at most {MAX_TAGS} (keys of 1-100 characters, values of at most 200)")
     for key, value in tags.items():
         if not key or ":" in key or len(key) > 100 or len(value) > 200:
             raise ValueError(f"tag {key!r}: keys must be 1-100 characters without ':', values at most 200")

@@ -23,6 +23,7 @@ from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.states import SUCCEEDED, WAITING, WORKFLOW_FINISHED
 from qforge.events.types import NewEvent
+from qforge.settings import get_settings
 from qforge.sql import q
 
 
@@ -30,13 +31,23 @@ def start_child(conn, row: dict, spec: dict[str, Any], inputs: dict[str, Any], w
                 *, actor: str, now: datetime | None) -> tuple[uuid.UUID | None, str | None]:
     """Submit the child of a workflow step that was just unblocked; (child id, None) or (None, why not)."""
     from qforge.commands.definitions import start_definition  # definitions -> workflows -> advance -> here
-    from qforge.commands.errors import CommandError
+    from qforge.commands.errors import CommandError, Invalid
     child_inputs = {**inputs, **(spec.get("inputs") or {})}
     try:
-        child = start_definition(conn, spec["definition"], child_inputs, actor=actor, now=now,
-                                 parent={"workflow_id": str(workflow["id"]), "step": row["step"],
-                                         "job_id": str(row["id"]),
-                                         "depth": (workflow.get("nesting") or 0) + 1})
+        with conn.transaction():  # a child over the tree's budget is taken back whole
+            child = start_definition(conn, spec["definition"], child_inputs, actor=actor, now=now,
+                                     parent={"workflow_id": str(workflow["id"]), "step": row["step"],
+                                             "job_id": str(row["id"]),
+                                             "depth": (workflow.get("nesting") or 0) + 1})
+            # Sub-workflows share their root's budget: 1,000 workflow steps each starting 1,000 more
+            # would otherwise multiply a small request into a billion jobs.
+            limit = get_settings().max_workflow_jobs
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(q("workflow_tree_job_count"), {"id": child})
+                jobs = cur.fetchone()["count"]
+            if jobs > limit:
+                raise Invalid(f"its jobs would make the workflow's tree {jobs} jobs, more than"
+                              f" QFORGE_MAX_WORKFLOW_JOBS ({limit})")
     except CommandError as error:
         return None, f"could not start a workflow of definition '{spec['definition']}': {error}"
     return child, None

@@ -35,10 +35,12 @@ def get_job(conn, job_id: UUID) -> dict[str, Any] | None:
 
 def list_jobs(conn, *, status: str | None = None, queue: str | None = None,
               task: str | None = None, tags: list[tuple[str, str]] | None = None,
-              limit: int = 50, cursor: str | None = None) -> tuple[list[dict], str | None]:
-    """Newest first; (items, next cursor or None). ValueError for a malformed cursor."""
+              limit: int = 50, cursor: str | None = None,
+              max_bytes: int | None = None) -> tuple[list[dict], str | None]:
+    """Newest first; (items, next cursor or None); with `max_bytes`, the page ends once it holds
+    about that much JSON. ValueError for a malformed cursor."""
     rows, next_cursor = fetch_page(conn, "jobs_list", {"status": status, "queue": queue, "task": task},
-                                   tags=tags, limit=limit, cursor=cursor)
+                                   tags=tags, limit=limit, cursor=cursor, max_bytes=max_bytes)
     return [job_view(row) for row in rows], next_cursor
 
 

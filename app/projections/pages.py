@@ -13,6 +13,8 @@ from psycopg.rows import dict_row
 
 from qforge.sql import q
 
+FETCH_ROWS = 10  # rows a bounded page fetches at a time
+
 
 def encode_page_cursor(created_at: datetime, row_id: UUID) -> str:
     raw = f"{created_at.isoformat()}|{row_id}".encode()
@@ -65,7 +67,8 @@ def as_mapping(tags: list[tuple[str, str]]) -> dict[str, str] | None:
 
 
 def fetch_page(conn, query: str, params: dict[str, Any], *, tags: list[tuple[str, str]] | None,
-               limit: int, cursor: str | None) -> tuple[list[dict[str, Any]], str | None]:
+               limit: int, cursor: str | None,
+               max_bytes: int | None = None) -> tuple[list[dict[str, Any]], str | None]:
     """One keyset page of a list query filtered by tags: (rows, next cursor or None).
 
     The query takes tag_key/tag_value (the first tag, an index range of
@@ -77,11 +80,38 @@ def fetch_page(conn, query: str, params: dict[str, Any], *, tags: list[tuple[str
     if wanted is None:  # the same key asked with two values: nothing can match
         return [], None
     first = next(iter(wanted.items()), (None, None))
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(q(query), {**params, "tag_key": first[0], "tag_value": first[1],
-                               "tags": json.dumps(wanted), "after_created": after_created,
-                               "after_id": after_id, "limit": limit + 1})
-        rows = cur.fetchall()
-    more = len(rows) > limit
-    rows = rows[:limit]
+    values = {**params, "tag_key": first[0], "tag_value": first[1], "tags": json.dumps(wanted),
+              "after_created": after_created, "after_id": after_id, "limit": limit + 1}
+    if max_bytes is None:
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(q(query), values)
+            rows = cur.fetchall()
+        more = len(rows) > limit
+        rows = rows[:limit]
+    else:
+        rows, more = bounded_rows(conn, q(query), values, limit, max_bytes)
     return rows, (encode_page_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None)
+
+
+def row_bytes(row: dict[str, Any]) -> int:
+    """About how many bytes of JSON a row becomes."""
+    return len(json.dumps(row, default=str))
+
+
+def bounded_rows(conn, query: str, values: dict[str, Any], limit: int, max_bytes: int) -> tuple[list[dict], bool]:
+    """At most `limit` rows of `query`, fewer once they hold about `max_bytes` of JSON (at least one),
+    and whether more follow. Fetched a few at a time through a server-side cursor, so a page of
+    large payloads never sits in memory whole (500 rows of 1 MiB each would be half a GB)."""
+    rows: list[dict] = []
+    size, more = 0, False
+    with conn.transaction(), conn.cursor(name="qforge_bounded_page", row_factory=dict_row) as cur:
+        cur.itersize = FETCH_ROWS
+        cur.execute(query, values)
+        for row in cur:
+            weight = row_bytes(row)
+            if len(rows) == limit or (rows and size + weight > max_bytes):
+                more = True
+                break
+            rows.append(row)
+            size += weight
+    return rows, more

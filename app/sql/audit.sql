@@ -128,10 +128,15 @@ SELECT (SELECT coalesce(max(upper_position), 0) FROM archive_segments) AS archiv
        coalesce(least((SELECT min(lower) FROM log_partitions()),
                       (SELECT min(lower_position) FROM log_packs WHERE state = 'packed')), 1) AS live_lower
 
+-- name: audit_proof_owner
+-- The execution's own stream's first event (does the proof exist, and of which kind?).
+SELECT e.stream_id, e.stream_type FROM log_stream(%(id)s) e LIMIT 1
+
 -- name: audit_proof_events
 -- An execution's events as stored (the jsonb as the hash covers its text), with
 -- the checkpoint that covers each: the first whose cursor is at or after it.
 -- A workflow's proof holds its own stream and its steps' whole job streams.
+-- After (stream id, version), at most `limit` (NULL: all): GET .../proof reads a page at a time.
 SELECT e.position, e.xid::text::bigint AS xid, e.stream_type, e.stream_id, e.version, e.type, e.schema_version,
        e.data::text AS data_text, e.tags::text AS tags_text, e.workflow_id, e.occurred_at, e.actor, e.hash,
        (SELECT c.seq FROM audit_checkpoints c
@@ -140,7 +145,16 @@ SELECT e.position, e.xid::text::bigint AS xid, e.stream_type, e.stream_id, e.ver
   FROM (SELECT * FROM log_stream(%(id)s)
         UNION
         SELECT s.* FROM (SELECT DISTINCT w.stream_id FROM log_workflow(%(id)s) w) ws, log_stream(ws.stream_id) s) e
+ WHERE (e.stream_id, e.version) > (%(after_stream)s::uuid, %(after_version)s::integer)
  ORDER BY e.stream_id, e.version, e.position
+ LIMIT %(limit)s
+
+-- name: audit_checkpoint_headers_page
+SELECT seq, created_at, cursor_xid::text::bigint AS cursor_xid, cursor_position, events, root, prev, hash
+  FROM audit_checkpoints
+ WHERE seq >= %(from_seq)s
+ ORDER BY seq
+ LIMIT %(limit)s
 
 -- name: audit_checkpoint_leaves
 SELECT seq, positions, hashes FROM audit_checkpoints WHERE seq = ANY(%(seqs)s)

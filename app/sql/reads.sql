@@ -42,49 +42,64 @@ SELECT workflow_id, status, count(*) AS n
  GROUP BY workflow_id, status
 
 -- name: executions_by_tags
--- Everything that carries ALL the given tags: each (key, value) is an index
--- range of execution_tags; an id qualifies when it appears in every range.
--- Newest first across jobs and workflows, keyset-paginated on (created_at, id).
--- With an actor, only executions that actor wrote an event for (its own, or
--- one of a workflow's steps, say a trigger): index probes per match, on
--- events (stream_id) and events (workflow_id, position).
+-- Everything that carries ALL the given tags, newest first, paged in the database: the
+-- first tag's index range of execution_tags (primary key (key, value, kind, id)) is walked
+-- backwards from the cursor, once for jobs and once for workflows (ids are UUIDv7, so id
+-- order is creation order), and each id found is checked for the other tags (a primary-key
+-- probe each) and the filters; each walk stops at the page's size. No step gathers every
+-- match first, so a page costs about its size whatever the tags match in all.
+-- With an actor, only executions that actor wrote an event for (its own, or one of a
+-- workflow's steps, say a trigger).
 WITH wanted AS (
     SELECT DISTINCT w.key, w.value
       FROM unnest(%(keys)s::text[], %(values)s::text[]) AS w(key, value)
-), matched AS (
-    SELECT t.kind, t.id
-      FROM execution_tags t JOIN wanted w ON t.key = w.key AND t.value = w.value
-     GROUP BY t.kind, t.id
-    HAVING count(*) = (SELECT count(*) FROM wanted)
-), by_actor AS (
-    SELECT m.kind, m.id FROM matched m
-     WHERE %(actor)s::text IS NULL
-        OR EXISTS (SELECT 1 FROM log_stream(m.id) e WHERE e.actor = %(actor)s)
-        OR (m.kind = 'workflow'
-            AND EXISTS (SELECT 1 FROM log_workflow(m.id) e WHERE e.actor = %(actor)s))
+), first_tag AS (
+    SELECT key, value FROM wanted ORDER BY key, value LIMIT 1
 ), found AS (
-    SELECT 'job' AS kind, j.id, j.created_at FROM by_actor m JOIN jobs j ON j.id = m.id
-     WHERE m.kind = 'job' AND %(wait_type)s::text IS NULL
+    (SELECT 'job' AS kind, j.id, j.created_at
+       FROM first_tag f
+       JOIN execution_tags t ON t.key = f.key AND t.value = f.value AND t.kind = 'job'
+       JOIN jobs j ON j.id = t.id
+      WHERE %(wait_type)s::text IS NULL
+        AND (%(after_id)s::uuid IS NULL OR t.id < %(after_id)s::uuid)
+        AND NOT EXISTS (SELECT 1 FROM wanted w
+                         WHERE NOT EXISTS (SELECT 1 FROM execution_tags o
+                                            WHERE o.key = w.key AND o.value = w.value
+                                              AND o.kind = 'job' AND o.id = t.id))
+        AND (%(actor)s::text IS NULL
+             OR EXISTS (SELECT 1 FROM log_stream(t.id) e WHERE e.actor = %(actor)s))
+      ORDER BY t.id DESC
+      LIMIT %(limit)s)
     UNION ALL
-    -- ?waiting=trigger|timer: running workflows that wait on such a step and on
-    -- nothing else (no step due, running, or waiting for a fan-out or a child);
-    -- the same rule as waiting_on in GET /workflows/{id}
-    SELECT 'workflow', w.id, w.created_at FROM by_actor m JOIN workflows w ON w.id = m.id
-     WHERE m.kind = 'workflow'
-       AND (%(wait_type)s::text IS NULL
-            OR (w.status = 'running'
-                AND EXISTS (SELECT 1 FROM jobs s WHERE s.workflow_id = w.id AND s.status = 'waiting'
-                               AND s.step_type = %(wait_type)s::text)
-                AND NOT EXISTS (SELECT 1 FROM jobs s WHERE s.workflow_id = w.id
-                                   AND (s.status IN ('pending', 'running')
-                                        OR (s.status = 'waiting'
-                                            AND s.step_type IS DISTINCT FROM 'wait_for_trigger'
-                                            AND s.step_type IS DISTINCT FROM 'sleep')))))
+    (SELECT 'workflow', w.id, w.created_at
+       FROM first_tag f
+       JOIN execution_tags t ON t.key = f.key AND t.value = f.value AND t.kind = 'workflow'
+       JOIN workflows w ON w.id = t.id
+      WHERE (%(after_id)s::uuid IS NULL OR t.id < %(after_id)s::uuid)
+        AND NOT EXISTS (SELECT 1 FROM wanted x
+                         WHERE NOT EXISTS (SELECT 1 FROM execution_tags o
+                                            WHERE o.key = x.key AND o.value = x.value
+                                              AND o.kind = 'workflow' AND o.id = t.id))
+        AND (%(actor)s::text IS NULL
+             OR EXISTS (SELECT 1 FROM log_stream(t.id) e WHERE e.actor = %(actor)s)
+             OR EXISTS (SELECT 1 FROM log_workflow(t.id) e WHERE e.actor = %(actor)s))
+        -- ?waiting=trigger|timer: running workflows that wait on such a step and on
+        -- nothing else (no step due, running, or waiting for a fan-out or a child);
+        -- the same rule as waiting_on in GET /workflows/{id}
+        AND (%(wait_type)s::text IS NULL
+             OR (w.status = 'running'
+                 AND EXISTS (SELECT 1 FROM jobs s WHERE s.workflow_id = w.id AND s.status = 'waiting'
+                                AND s.step_type = %(wait_type)s::text)
+                 AND NOT EXISTS (SELECT 1 FROM jobs s WHERE s.workflow_id = w.id
+                                    AND (s.status IN ('pending', 'running')
+                                         OR (s.status = 'waiting'
+                                             AND s.step_type IS DISTINCT FROM 'wait_for_trigger'
+                                             AND s.step_type IS DISTINCT FROM 'sleep')))))
+      ORDER BY t.id DESC
+      LIMIT %(limit)s)
 )
 SELECT kind, id, created_at FROM found
- WHERE %(after_created)s::timestamptz IS NULL
-    OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::uuid)
- ORDER BY created_at DESC, id DESC
+ ORDER BY id DESC
  LIMIT %(limit)s
 
 -- name: jobs_by_ids

@@ -87,3 +87,18 @@ SELECT * FROM jobs
  WHERE workflow_id = %(workflow_id)s AND element_of = %(step)s AND status = ANY(%(statuses)s::text[])
  ORDER BY element_index
  LIMIT %(limit)s
+
+-- name: workflow_tree_job_count
+-- How many jobs a workflow's whole tree has (its root's steps and fan-out elements, and those of
+-- every sub-workflow below the root, by workflows_parent): QFORGE_MAX_WORKFLOW_JOBS.
+WITH RECURSIVE up AS (
+    SELECT id, parent_workflow_id, 0 AS depth FROM workflows WHERE id = %(id)s
+    UNION ALL
+    SELECT w.id, w.parent_workflow_id, up.depth + 1 FROM workflows w JOIN up ON w.id = up.parent_workflow_id
+     WHERE up.depth < 100
+), down AS (
+    SELECT id FROM up WHERE parent_workflow_id IS NULL
+    UNION ALL
+    SELECT w.id FROM workflows w JOIN down ON w.parent_workflow_id = down.id
+)
+SELECT count(*) AS count FROM jobs WHERE workflow_id IN (SELECT id FROM down)
