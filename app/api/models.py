@@ -8,7 +8,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
-from qforge.commands.specs import Storable
+from qforge.commands.specs import ForEach, Storable, When
 from qforge.events.types import EVENT_DATA, EventData
 
 # --------------------------------------------------------------------------- errors
@@ -122,10 +122,17 @@ class StepView(BaseModel):
     attempts: int
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    # The step as declared: each field of StepSpec it shows has StepSpec's type, so every
+    # form a request takes comes back (tests/test_surface.py checks that for every field).
     type: str = "task"
     task: str | None = None
-    when: dict[str, Any] | None = None
+    when: When | None = None
     on_failure: str | None = None
+    seconds: float | None = None  # a sleep step's
+    for_each: ForEach | None = None
+    max_parallel: int | None = None
+    definition: str | None = Field(default=None, description="a workflow step's stored definition")
+    inputs: dict[str, Any] | None = None  # a workflow step's inputs
     elements: ElementsView | None = None  # a for_each step's elements
     child_workflow_id: UUID | None = None  # a workflow step's sub-workflow
 
@@ -147,6 +154,7 @@ class WorkflowView(BaseModel):
     # beyond 0.1.0's shape: why it failed, what it returned ("result"), its deadline
     error: str | None = None
     result: Any = None
+    deadline_seconds: float | None = None
     deadline_at: datetime | None = None
     definition: dict[str, Any] | None = None  # {"name", "version"}: the stored definition it ran
     parent: dict[str, Any] | None = None  # {"workflow_id", "step"}: a sub-workflow's parent step
