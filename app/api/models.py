@@ -45,6 +45,9 @@ class JobView(BaseModel):
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
     fairness_key: str | None = None
+    waiting_for_worker: str | None = Field(default=None, description=(
+        "GET /jobs/{id} of a pending job: why no live worker would take it (no worker serves its "
+        "queue, or none registers its task); null otherwise"))
 
 
 class JobList(BaseModel):
@@ -194,10 +197,22 @@ class TriggerRequest(Storable):
 # --------------------------------------------------------------------------- search
 
 
+class JobExecution(JobView):
+    """A job found by GET /executions."""
+
+    kind: Literal["job"]
+
+
+class WorkflowExecution(WorkflowSummary):
+    """A workflow found by GET /executions."""
+
+    kind: Literal["workflow"]
+
+
 class ExecutionList(BaseModel):
-    items: list[dict[str, Any]] = Field(description=(
-        'newest first; each is a job (as GET /jobs/{id}) or a workflow summary (as in '
-        'GET /workflows), with "kind": "job" | "workflow"'))
+    items: list[Annotated[Union[JobExecution, WorkflowExecution], Field(discriminator="kind")]] = Field(
+        description='newest first; each is a job (as GET /jobs/{id}) or a workflow summary (as in '
+                    'GET /workflows), with "kind": "job" | "workflow"')
     next: str | None
 
 
@@ -212,6 +227,9 @@ class QueueStats(BaseModel):
     paused: bool = Field(default=False, description="a paused queue is not claimed (PUT /queues/{name})")
     rate_per_second: float | None = Field(default=None, description="claims per second at most; null: no limit")
     burst: int | None = None
+    workers: int = Field(default=0, description="live workers that serve this queue")
+    warnings: list[str] = Field(default_factory=list, description=(
+        "due jobs that no live worker takes: the queue is served by none, or a task is registered by none"))
 
 
 class QueueList(BaseModel):
@@ -230,6 +248,7 @@ class WorkerView(BaseModel):
     running: list[dict[str, Any]] = Field(description="the jobs it runs, as of last_seen")
     last_seen: datetime
     started_at: datetime | None = None
+    tasks: list[str] | None = Field(default=None, description="the tasks it can run (null: not said)")
 
 
 class WorkerList(BaseModel):

@@ -15,8 +15,6 @@ from typing import Any, Literal
 from uuid import UUID
 
 import logging
-import math
-import time
 
 import psycopg
 from psycopg.rows import dict_row
@@ -32,6 +30,7 @@ from qforge.events import types as ev
 from qforge.events.ids import new_ids
 from qforge.events.types import NewEvent
 from qforge.sql import q
+from qforge.warn_once import OncePerInterval
 
 log = logging.getLogger("qforge.schedules")
 
@@ -230,30 +229,12 @@ def fire_due(conn, *, actor: str, grace_seconds: float, now: datetime | None = N
         try:
             fired += fire_schedule(conn, name, actor=actor, grace_seconds=grace_seconds, now=at)
         except CommandError as exc:  # e.g. its definition is gone: the others still fire
-            refusals.warn(f"schedule {name} cannot fire: {exc.message}")
+            refusals.warn(f"{name}: {exc.message}", f"schedule {name} cannot fire: {exc.message}")
     return fired
 
 
-class OncePerInterval:
-    """Logs a warning the first time, then the same text at most once per interval: a
-    schedule refused at every tick (four a second) writes one line a minute, not half the log."""
-
-    def __init__(self, interval_seconds: float = 60.0, clock=time.monotonic):
-        self.interval, self.clock = interval_seconds, clock
-        self.last: dict[str, float] = {}
-
-    def warn(self, text: str) -> bool:
-        now = self.clock()
-        if now - self.last.get(text, -math.inf) < self.interval:
-            return False
-        if len(self.last) > 10_000:  # texts of schedules long gone
-            self.last = {k: v for k, v in self.last.items() if now - v < self.interval}
-        self.last[text] = now
-        log.warning("%s (said at most once a minute)", text)
-        return True
-
-
-refusals = OncePerInterval()
+# A schedule refused at every tick (four a second) writes one line a minute.
+refusals = OncePerInterval(log)
 
 
 def choose_ticks(ticks: list[datetime], now: datetime, grace_seconds: float,
