@@ -81,7 +81,8 @@ def test_a_read_only_token_gets_no_5xx_and_no_write_accepted(case, read_only_api
     case.validate_response(response, checks=[not_a_server_error])
     if case.method.upper() not in ("GET", "HEAD") and case.path != "/events/stream-ticket":
         # refused: for the scope (403), or earlier for a malformed body or an unknown route
-        assert response.status_code in (400, 403, 404, 405, 413), (case.method, case.path, response.status_code)
+        # 415: a body that is not application/json (contract §7)
+        assert response.status_code in (400, 403, 404, 405, 413, 415), (case.method, case.path, response.status_code)
     with psycopg.connect(db_url) as conn:
         logged = conn.execute("SELECT stream_type, type FROM events ORDER BY position").fetchall()
     assert logged == [("token", "TokenCreated")]

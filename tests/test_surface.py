@@ -190,19 +190,25 @@ def test_a_schedule_is_refused_at_creation_for_an_unknown_definition_or_a_bad_cr
     assert surface["http"].get("/schedules/ghost").status_code == 404
 
 
-def test_a_schedule_refused_at_every_tick_is_logged_once_a_minute(caplog):
+def test_a_schedule_refused_at_every_tick_is_logged_once_a_minute(conn, caplog, monkeypatch):
     import logging
+    from datetime import datetime, timedelta, timezone
 
-    from qforge.warn_once import OncePerInterval
+    from qforge.commands import schedules
+    from qforge.commands.errors import NotFound
 
-    clock = [0.0]
-    throttle = OncePerInterval(logging.getLogger("qforge.test"), 60, clock=lambda: clock[0])
-    with caplog.at_level(logging.WARNING, logger="qforge.test"):
-        for _ in range(240):  # a minute at four ticks a second
-            throttle.warn("schedule s", "schedule s cannot fire")
-            clock[0] += 0.25
-        throttle.warn("schedule s", "schedule s cannot fire")  # a minute later: once more
-    assert len(caplog.records) == 2
+    start = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    schedules.create_schedule(conn, schedules.ScheduleSpec(name="doomed", cron="* * * * * *",
+                                                           job={"task": "echo"}), now=start)
+
+    def refuse(*_args, **_kwargs):  # what a definition gone since the schedule was made raises
+        raise NotFound("definition gone_def not found")
+    monkeypatch.setattr(schedules, "_start", refuse)
+    with caplog.at_level(logging.WARNING, logger="qforge.schedules"):
+        for tick in range(40):  # ten seconds of the leader's ticks, four a second
+            schedules.fire_due(conn, actor="test", grace_seconds=60, now=start + timedelta(seconds=1 + tick / 4))
+    said = [r for r in caplog.records if "doomed cannot fire" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]
 
 
 # --------------------------------------------------------------------------- errors
@@ -282,6 +288,23 @@ def test_a_chain_of_1000_steps_is_taken_and_1001_is_refused_naming_the_limit(sur
     assert response.status_code == 422 and "cycle" in refused["message"]
     response, refused = call(surface, "POST", "/workflows", json=chain(MAX_STEPS + 1))
     assert response.status_code == 422 and str(MAX_STEPS) in refused["message"]
+
+
+def test_an_output_nested_past_the_limit_fails_its_step_and_every_read_still_answers(surface):
+    from qforge.commands.specs import MAX_DEPTH
+
+    deep: Any = "bottom"
+    for _ in range(MAX_DEPTH - 4):
+        deep = {"d": deep}
+    # echo's output holds its inputs, so each step of the chain nests two levels more
+    steps = [{"step": f"e{i}", "task": "echo", "payload": {"v": deep} if i == 0 else {}, "max_retries": 0,
+              **({"depends_on": [f"e{i - 1}"]} if i else {})} for i in range(6)]
+    created = surface["http"].post("/workflows", json={"name": "deepening", "steps": steps}).json()
+    view = finished_workflow(surface, created["id"])
+    failed = [s for s in view["steps"] if s["status"] == "dead"]
+    assert failed and f"nested more than {MAX_DEPTH} levels" in failed[0]["error"], view["steps"]
+    for path in ("/jobs?status=dead", f"/workflows/{created['id']}", f"/workflows/{created['id']}/events"):
+        assert surface["http"].get(path).status_code == 200, path
 
 
 # --------------------------------------------------------------------------- who takes due jobs

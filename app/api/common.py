@@ -22,6 +22,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (404, "unknown id"), (409, "the current state does not allow it"),
         (410, "archived: the execution's events are in an archive segment (named in details)"),
         (413, "body over QFORGE_MAX_BODY_BYTES"),
+        (415, "a body that is not sent as Content-Type: application/json"),
         (422, "invalid input; details name every problem"), (503, "database unavailable"),
     ]
 }
