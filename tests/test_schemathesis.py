@@ -105,7 +105,7 @@ def live_api(server_url: str, template_database: str, tmp_path_factory) -> Itera
     folder = tmp_path_factory.mktemp("positive")
     processes = Processes(with_database(server_url, name), folder, folder)
     try:
-        yield start_api(processes)[1]
+        yield start_api(processes, timeout=90)[1]
     finally:
         processes.close()
         _drop_database(server_url, name)

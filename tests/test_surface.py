@@ -42,10 +42,10 @@ def surface(server_url: str, template_database: str, tmp_path_factory) -> Iterat
     url = with_database(server_url, name)
     processes = Processes(url, folder, folder / "tasks")
     try:
-        _, base = start_api(processes)
+        _, base = start_api(processes, timeout=90)  # a loaded machine starts it slowly
         processes.worker("--concurrency", "8", "--name", "surface-worker")
         with httpx.Client(base_url=base, timeout=30) as http:
-            wait_for(lambda: http.get("/workers").json()["items"], timeout=30, message="the worker")
+            wait_for(lambda: http.get("/workers").json()["items"], timeout=90, message="the worker")
             schema = schemathesis.openapi.from_dict(http.get("/openapi.json").json())
             yield {"base": base, "url": url, "http": http, "schema": schema, "procs": processes}
     finally:
