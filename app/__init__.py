@@ -22,7 +22,7 @@ _PUBLIC = {
     "BadRequest": "qforge.client", "Unauthorized": "qforge.client", "Forbidden": "qforge.client",
     "NotFound": "qforge.client", "Conflict": "qforge.client", "Invalid": "qforge.client",
     "PayloadTooLarge": "qforge.client", "Unavailable": "qforge.client",
-    "JobFailed": "qforge.client", "WaitTimeout": "qforge.client",
+    "JobFailed": "qforge.client", "WaitTimeout": "qforge.client", "Unreachable": "qforge.client",
     "enqueue": "qforge.producer", "submit": "qforge.producer",
     "enqueue_async": "qforge.producer", "submit_async": "qforge.producer",
     "JobSpec": "qforge.commands.specs", "WorkflowSpec": "qforge.commands.specs",

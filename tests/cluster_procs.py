@@ -47,7 +47,7 @@ def cluster() -> Iterator[Cluster]:
         built.close()
 
 
-def start_api(processes: Processes, env: dict[str, str] | None = None) -> tuple[Proc, str]:
+def start_api(processes: Processes, env: dict[str, str] | None = None, timeout: float = 30) -> tuple[Proc, str]:
     """`qforge api` on a free port, once /healthz answers: (process, base URL)."""
     port = free_port()
     proc = processes._spawn("api", ["--port", str(port)], env)
@@ -59,7 +59,7 @@ def start_api(processes: Processes, env: dict[str, str] | None = None) -> tuple[
         except httpx.TransportError:
             return False
 
-    wait_for(healthy, timeout=30, message="the API to answer /healthz")
+    wait_for(healthy, timeout=timeout, message="the API to answer /healthz")
     return proc, base
 
 

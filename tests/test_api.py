@@ -21,11 +21,12 @@ from qforge.settings import Settings
 
 JOB_KEYS = {"id", "task", "queue", "status", "priority", "attempts", "max_retries", "run_at",
             "payload", "result", "last_error", "tags", "workflow_id", "step", "worker",
-            "heartbeat_at", "created_at", "updated_at", "concurrency_key", "concurrency_limit", "fairness_key"}
+            "heartbeat_at", "created_at", "updated_at", "concurrency_key", "concurrency_limit", "fairness_key",
+            "waiting_for_worker"}  # issue 29: why a pending job may wait for a worker that is not there
 WORKFLOW_KEYS = {"id", "name", "status", "tags", "created_at", "finished_at", "steps",
                  # wave 2 (issue 15): what it returned, why it failed, its deadline
                  "result", "error", "deadline_at", "definition", "parent",
-                 "waiting_on"}
+                 "waiting_on", "deadline_seconds"}
 STEP_KEYS = {"step", "status", "job_id", "depends_on", "output", "error", "attempts",
              "started_at", "finished_at"}
 ERROR_KEYS = {"error", "message", "details"}
@@ -248,7 +249,9 @@ def test_submit_workflow_returns_201_and_get_has_the_contract_shape(api):
     assert workflow["tags"] == {"order_id": "o-9"} and workflow["finished_at"] is None
     # the contract's keys, plus what the dashboard draws the DAG with
     assert all(set(step) == STEP_KEYS | {"type", "task", "when", "on_failure", "elements",
-                                           "child_workflow_id"}
+                                           "child_workflow_id",
+                                           # issue 29: what a step was declared with comes back
+                                           "seconds", "for_each", "max_parallel", "definition", "inputs"}
                for step in workflow["steps"])
     assert [(s["step"], s["status"], s["depends_on"]) for s in workflow["steps"]] == [
         ("build", "pending", []), ("test", "blocked", ["build"]), ("lint", "blocked", ["build"]),

@@ -62,7 +62,10 @@ def test_worker_drains_jobs_with_correct_results(conn, procs: Processes):
     assert failed["task_error"]["result"] == {"partial": 1}
     assert [e.data["reason"] for e in history(conn, odd["task_error"]) if e.type == "Failed"] == ["invalid_input"]
     assert "result could not be stored" in failed["nul"]["last_error"]
-    assert failed["unknown"]["last_error"] == "unknown task 'no_such_task'"
+    # issue 29: dead at its first attempt, naming what the worker knows and --tasks
+    assert failed["unknown"]["last_error"].startswith("unknown task 'no_such_task': this worker knows ")
+    assert "test_boom" in failed["unknown"]["last_error"] and "--tasks" in failed["unknown"]["last_error"]
+    assert failed["unknown"]["attempts"] == 1
     assert "--allow-shell" in failed["shell"]["last_error"]
     assert "add needs numbers" in failed["bad_add"]["last_error"]
 

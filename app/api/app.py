@@ -11,12 +11,14 @@ from fastapi import Depends, FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qforge import tracing
 from qforge.api import (compat, dashboard_states, definitions, errors, events, executions, jobs, operations,
                         queues, schedules, stats, tokens, workflows)
-from qforge.api.auth import authorize, refuse_unguarded
+from qforge.api.auth import api_routes, authorize, refuse_unguarded
 from qforge.api.consistency import WriteLsnHeaders
 from qforge.api.deps import Resources
 from qforge.api.errors import error_response
@@ -28,10 +30,16 @@ from qforge.settings import Settings, get_settings
 WEB_DIR = Path(str(resources.files("qforge.web")))
 
 
+def is_json(content_type: bytes) -> bool:
+    """application/json, with parameters (charset=...) or as a +json type."""
+    media = content_type.split(b";")[0].strip().lower()
+    return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+
+
 class BodyLimit:
     """413 for a body over the limit, by its Content-Length or by counting what arrives
-    (a chunked body has no length). The body is read here, at most limit + one chunk,
-    then handed on to the app unchanged."""
+    (a chunked body has no length); 415 for a body that is not JSON. The body is read here,
+    at most limit + one chunk, then handed on to the app unchanged."""
 
     def __init__(self, app: ASGIApp, max_bytes: int):
         self.app, self.max_bytes = app, max_bytes
@@ -69,6 +77,12 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        if size and not is_json(headers.get(b"content-type", b"")):
+            # The API reads only JSON bodies: say so, rather than what a parser makes of text.
+            got = headers.get(b"content-type", b"").decode("latin-1") or "no Content-Type"
+            await self._reject(scope, receive, send, 415, "unsupported_media_type",
+                               f"the body must be JSON sent with Content-Type: application/json (got {got})")
+            return
         await self.app(scope, _replay([body], receive), send)
 
     @staticmethod
@@ -118,6 +132,26 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+class Dashboard:
+    """The dashboard's files, behind every API route. A path that an API route serves with
+    other methods (GET on POST /jobs/{id}/cancel) answers 405 naming them, not the files' 404."""
+
+    def __init__(self, app: FastAPI):
+        self.app = app
+        self.files = StaticFiles(directory=WEB_DIR, html=True)
+        self.routes: list | None = None  # the API's routes, once they are all there
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            if self.routes is None:
+                self.routes = api_routes(self.app)
+            allowed = sorted({method for route in self.routes if route.matches(scope)[0] == Match.PARTIAL
+                              for method in route.methods or ()})
+            if allowed:
+                raise StarletteHTTPException(405, headers={"Allow": ", ".join(allowed)})
+        await self.files(scope, receive, send)
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:
@@ -192,7 +226,7 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
 
     if WEB_DIR.is_dir():
         # Last, so every API route wins; the page asks for the token itself.
-        app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="dashboard")
+        app.mount("/", Dashboard(app), name="dashboard")
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RedactForReaders, names=settings.redact_names)

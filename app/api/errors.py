@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from psycopg_pool import PoolTimeout
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qforge.commands.errors import CommandError, Conflict, Invalid, NotFound
 
@@ -57,12 +58,17 @@ def _location(loc: tuple | list) -> str:
     return text or "body"
 
 
+def plain_message(error: dict[str, Any]) -> str:
+    """A validation error's sentence without pydantic's "Value error, " in front of our own words."""
+    return str(error.get("msg", "invalid")).removeprefix("Value error, ")
+
+
 def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
     details = []
     for error in exc.errors():
         loc = list(error.get("loc", ()))
         details.append({"field": _location(loc), "in": loc[0] if loc else "body",
-                        "message": str(error.get("msg", "invalid")),
+                        "message": plain_message(error),
                         "type": str(error.get("type", "invalid"))})
     return details
 
@@ -85,7 +91,7 @@ async def _on_validation(request: Request, exc: RequestValidationError) -> JSONR
 async def _on_model_error(request: Request, exc: ValidationError) -> JSONResponse:
     # A model built inside a route (e.g. the compat route's WorkflowSpec).
     details = [{"field": _location(list(e.get("loc", ()))), "in": "body",
-                "message": str(e.get("msg")), "type": str(e.get("type"))} for e in exc.errors()]
+                "message": plain_message(e), "type": str(e.get("type"))} for e in exc.errors()]
     status = 400 if request.url.path in COMPAT_400_PATHS else 422
     return error_response(status, "invalid" if status == 422 else "bad_request",
                           "; ".join(f"{d['field']}: {d['message']}" for d in details), details)
@@ -107,6 +113,10 @@ async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONR
     message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
     if exc.status_code == 404 and message == "Not Found":
         message = f"no such resource: {request.method} {request.url.path}"
+    if exc.status_code == 405 and message == "Method Not Allowed":
+        allowed = (getattr(exc, "headers", None) or {}).get("Allow")
+        message = f"{request.method} is not allowed on {request.url.path}" + (
+            f"; it takes {allowed}" if allowed else "")
     return error_response(exc.status_code, code, message, headers=getattr(exc, "headers", None))
 
 
@@ -131,9 +141,36 @@ async def _on_database_down(request: Request, exc: Exception) -> JSONResponse:
                           headers={"Retry-After": "1"})
 
 
-async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(500, "internal", "an unexpected error occurred; it has been logged")
+class Unexpected:
+    """Any exception no handler above took becomes a 500 with the JSON error body, here,
+    without raising further. (An `Exception` handler of Starlette's would answer the same body
+    but then re-raise it to the server, which logs "Exception in ASGI application" and closes
+    the keep-alive connection under the client's next request.) When the response had already
+    begun there is nothing to answer: the error is logged and the connection ends."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            response = error_response(500, "internal", "an unexpected error occurred; it has been logged")
+            await response(scope, receive, send)
 
 
 def install(app: FastAPI) -> None:
@@ -146,4 +183,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(psycopg.errors.QueryCanceled, _on_statement_timeout)
     app.add_exception_handler(PoolTimeout, _on_database_down)
     app.add_exception_handler(psycopg.OperationalError, _on_database_down)
-    app.add_exception_handler(Exception, _on_unexpected)
+    # Innermost of the middlewares, so the 500 gets the security headers like any answer.
+    app.add_middleware(Unexpected)

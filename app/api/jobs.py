@@ -18,7 +18,7 @@ from qforge.commands.specs import JobSpec
 from qforge.commands.manage import cancel_job, retry_job
 from qforge.events import store
 from qforge.events.states import statuses
-from qforge.projections import asof
+from qforge.projections import asof, serving
 from qforge.projections import jobs as jobs_view
 
 router = APIRouter(tags=["jobs"])
@@ -26,22 +26,24 @@ router = APIRouter(tags=["jobs"])
 JobStatus = Literal[tuple(sorted(statuses("job")))]  # type: ignore[valid-type]
 
 
-def _job(conn, job_id: UUID) -> dict:
+def _job(conn, job_id: UUID, request: Request) -> dict:
+    """The job as GET /jobs/{id} shows it, with waiting_for_worker when it is pending."""
     job = jobs_view.get_job(conn, job_id)
     if job is None:
         raise missing(conn, "job", job_id)
-    return job
+    return {**job, "waiting_for_worker": serving.job_warning(
+        conn, job, request.app.state.resources.settings.stale_seconds)}
 
 
 @router.post("/jobs", status_code=201, response_model=JobView, **needs("operate"),
              responses={200: {"model": JobView, "description": "an existing job with the same "
                                                                 "idempotency_key"}, **ERRORS})
-def create_job(body: JobSpec, conn: Conn, response: Response, actor: Actor) -> dict:
+def create_job(body: JobSpec, conn: Conn, response: Response, actor: Actor, request: Request) -> dict:
     """Enqueue a job; the same idempotency_key again returns the existing job (200)."""
     [outcome] = enqueue(conn, [body], actor=actor)
     if not outcome.created:
         response.status_code = 200
-    return _job(conn, outcome.id)
+    return _job(conn, outcome.id, request)
 
 
 @router.get("/jobs", response_model=JobList, responses=ERRORS)
@@ -66,7 +68,7 @@ def get_job(job_id: UUID, conn: ReadConn, request: Request,
                 "the job as it was right after this log position (event replay)"))] = None) -> dict:
     if as_of is not None:
         return as_of_view(asof.job_as_of, request, job_id, as_of, f"job {job_id}")
-    return _job(conn, job_id)
+    return _job(conn, job_id, request)
 
 
 @router.get("/jobs/{job_id}/events", response_model=None,
@@ -89,14 +91,14 @@ def job_proof(job_id: UUID, conn: Conn, request: Request, who: Caller, cursor: p
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobView, responses=ERRORS, **needs("operate"))
-def cancel(job_id: UUID, conn: Conn, actor: Actor) -> dict:
+def cancel(job_id: UUID, conn: Conn, actor: Actor, request: Request) -> dict:
     """Cancel a job that has not finished (409 otherwise); a running one stops at its next heartbeat."""
     cancel_job(conn, job_id, actor=actor)
-    return _job(conn, job_id)
+    return _job(conn, job_id, request)
 
 
 @router.post("/jobs/{job_id}/retry", response_model=JobView, responses=ERRORS, **needs("operate"))
-def retry(job_id: UUID, conn: Conn, actor: Actor) -> dict:
+def retry(job_id: UUID, conn: Conn, actor: Actor, request: Request) -> dict:
     """Run a dead or cancelled job again (409 for any other status)."""
     retry_job(conn, job_id, actor=actor)
-    return _job(conn, job_id)
+    return _job(conn, job_id, request)

@@ -8,7 +8,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
-from qforge.commands.specs import Storable
+from qforge.commands.specs import ForEach, Storable, When
 from qforge.events.types import EVENT_DATA, EventData
 
 # --------------------------------------------------------------------------- errors
@@ -45,6 +45,9 @@ class JobView(BaseModel):
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
     fairness_key: str | None = None
+    waiting_for_worker: str | None = Field(default=None, description=(
+        "GET /jobs/{id} of a pending job: why no live worker would take it (no worker serves its "
+        "queue, or none registers its task); null otherwise"))
 
 
 class JobList(BaseModel):
@@ -122,10 +125,17 @@ class StepView(BaseModel):
     attempts: int
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    # The step as declared: each field of StepSpec it shows has StepSpec's type, so every
+    # form a request takes comes back (tests/test_surface.py checks that for every field).
     type: str = "task"
     task: str | None = None
-    when: dict[str, Any] | None = None
+    when: When | None = None
     on_failure: str | None = None
+    seconds: float | None = None  # a sleep step's
+    for_each: ForEach | None = None
+    max_parallel: int | None = None
+    definition: str | None = Field(default=None, description="a workflow step's stored definition")
+    inputs: dict[str, Any] | None = None  # a workflow step's inputs
     elements: ElementsView | None = None  # a for_each step's elements
     child_workflow_id: UUID | None = None  # a workflow step's sub-workflow
 
@@ -147,6 +157,7 @@ class WorkflowView(BaseModel):
     # beyond 0.1.0's shape: why it failed, what it returned ("result"), its deadline
     error: str | None = None
     result: Any = None
+    deadline_seconds: float | None = None
     deadline_at: datetime | None = None
     definition: dict[str, Any] | None = None  # {"name", "version"}: the stored definition it ran
     parent: dict[str, Any] | None = None  # {"workflow_id", "step"}: a sub-workflow's parent step
@@ -186,10 +197,22 @@ class TriggerRequest(Storable):
 # --------------------------------------------------------------------------- search
 
 
+class JobExecution(JobView):
+    """A job found by GET /executions."""
+
+    kind: Literal["job"]
+
+
+class WorkflowExecution(WorkflowSummary):
+    """A workflow found by GET /executions."""
+
+    kind: Literal["workflow"]
+
+
 class ExecutionList(BaseModel):
-    items: list[dict[str, Any]] = Field(description=(
-        'newest first; each is a job (as GET /jobs/{id}) or a workflow summary (as in '
-        'GET /workflows), with "kind": "job" | "workflow"'))
+    items: list[Annotated[Union[JobExecution, WorkflowExecution], Field(discriminator="kind")]] = Field(
+        description='newest first; each is a job (as GET /jobs/{id}) or a workflow summary (as in '
+                    'GET /workflows), with "kind": "job" | "workflow"')
     next: str | None
 
 
@@ -204,6 +227,9 @@ class QueueStats(BaseModel):
     paused: bool = Field(default=False, description="a paused queue is not claimed (PUT /queues/{name})")
     rate_per_second: float | None = Field(default=None, description="claims per second at most; null: no limit")
     burst: int | None = None
+    workers: int = Field(default=0, description="live workers that serve this queue")
+    warnings: list[str] = Field(default_factory=list, description=(
+        "due jobs that no live worker takes: the queue is served by none, or a task is registered by none"))
 
 
 class QueueList(BaseModel):
@@ -222,6 +248,7 @@ class WorkerView(BaseModel):
     running: list[dict[str, Any]] = Field(description="the jobs it runs, as of last_seen")
     last_seen: datetime
     started_at: datetime | None = None
+    tasks: list[str] | None = Field(default=None, description="the tasks it can run (null: not said)")
 
 
 class WorkerList(BaseModel):

@@ -10,6 +10,7 @@ from qforge.api.deps import ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import Health, QueueList, WorkerList
 from qforge.projections.stats import database_ok, queue_stats
+from qforge.projections import serving
 from qforge.projections.workers import live_workers
 
 router = APIRouter(tags=["operations"])
@@ -17,9 +18,12 @@ health_router = APIRouter(tags=["operations"])
 
 
 @router.get("/queues", response_model=QueueList, responses=ERRORS)
-def queues(conn: ReadConn) -> dict:
-    """Per queue: job counts by status and the age of the oldest due pending job."""
-    return {"items": queue_stats(conn), "next": None}
+def queues(conn: ReadConn, request: Request) -> dict:
+    """Per queue: job counts by status, the age of the oldest due pending job, how many live
+    workers serve it, and warnings when due jobs wait for a worker that is not there."""
+    stats = queue_stats(conn)
+    serving.queue_warnings(conn, stats, request.app.state.resources.settings.stale_seconds)
+    return {"items": stats, "next": None}
 
 
 @router.get("/workers", response_model=WorkerList, responses=ERRORS)

@@ -62,6 +62,11 @@ def _api_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _dev_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=None, help="API and dashboard port (default 8090)")
+    parser.add_argument("--queues", default="default",
+                        help="comma-separated queues its worker pools serve (default: default)")
+    parser.add_argument("--print-database-url", action="store_true",
+                        help="print the database URL qforge dev uses here (for psycopg.connect, "
+                             "qforge.enqueue) and exit")
 
 
 def _migrate_arguments(parser: argparse.ArgumentParser) -> None:

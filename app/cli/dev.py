@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,6 +27,7 @@ import httpx
 import psycopg
 
 from qforge.db import EmbeddedPostgres, EmbeddedPostgresError, connect
+from qforge.commands.specs import NAME_PATTERN
 from qforge.migrate import SchemaError, migrate
 from qforge.settings import get_settings
 
@@ -90,8 +92,8 @@ def _pump(name: str, stream) -> None:
             sys.stdout.flush()
 
 
-def children(port: int) -> list[Child]:
-    pool = ["worker", "--allow-shell", "--concurrency", str(POOL_CONCURRENCY)]
+def children(port: int, queues: str = "default") -> list[Child]:
+    pool = ["worker", "--allow-shell", "--concurrency", str(POOL_CONCURRENCY), "--queues", queues]
     return [
         Child("api", ["api", "--host", "127.0.0.1", "--port", str(port)]),
         Child("monitor", ["monitor"]),
@@ -118,9 +120,10 @@ def _healthy(port: int) -> bool:
 
 
 class Supervisor:
-    def __init__(self, port: int, env: dict[str, str]):
+    def __init__(self, port: int, env: dict[str, str], queues: str = "default"):
         self.port, self.env = port, env
-        self.children = children(port)
+        self.queues = queues
+        self.children = children(port, queues)
         self.stopping = threading.Event()
 
     def request_stop(self, signum: int, _frame: object) -> None:
@@ -138,7 +141,8 @@ class Supervisor:
                 self._watch(child, now)
             if not announced and _healthy(self.port):
                 announced = True
-                _say(f"ready: dashboard and API on http://127.0.0.1:{self.port} (Ctrl-C stops)")
+                _say(f"ready: dashboard and API on http://127.0.0.1:{self.port}, workers on queues "
+                     f"{self.queues}, database {self.env['QFORGE_DATABASE_URL']} (Ctrl-C stops)")
         self.stop_all()
 
     def _watch(self, child: Child, now: float) -> None:
@@ -179,8 +183,42 @@ class Supervisor:
                 pump.join(timeout=2)
 
 
+def _queues(text: str) -> str | None:
+    """--queues as the workers take it, or None when it names no queue or a malformed one."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or not all(re.fullmatch(NAME_PATTERN, name) for name in names):
+        return None
+    return ",".join(dict.fromkeys(names))
+
+
+def print_database_url(url: str | None, data_dir: str) -> int:
+    """--print-database-url: the URL given, else the embedded server's in this folder (attached
+    to, or started for the moment: its socket lives in the data directory, so the URL stays)."""
+    if url:
+        print(url)
+        return 0
+    pgdata = Path(data_dir).expanduser().absolute() / "pgdata"
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    embedded = EmbeddedPostgres()
+    try:
+        print(embedded.start(pgdata, cleanup_mode="stop"))
+    except (EmbeddedPostgresError, OSError) as exc:
+        print(f"qforge dev: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        embedded.stop()  # stops the server only when no qforge dev uses it
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     settings = get_settings()
+    if args.print_database_url:
+        return print_database_url(args.database_url or settings.database_url, settings.data_dir)
+    queues = _queues(args.queues)
+    if queues is None:
+        print(f"qforge dev: --queues {args.queues!r}: give comma-separated queue names "
+              "(letters, digits, _ . : -)", file=sys.stderr)
+        return BAD_USAGE_EXIT
     port = args.port if args.port is not None else settings.port
     if not _port_free("127.0.0.1", port):
         print(f"qforge dev: port {port} on 127.0.0.1 is in use (another qforge dev?); "
@@ -210,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
     # The demo's http steps call services on this machine: allow loopback here
     # only (issue 19: an http step refuses non-public addresses by default).
     env.setdefault("QFORGE_HTTP_ALLOW", "127.0.0.0/8,::1,localhost")
-    supervisor = Supervisor(port, env)
+    supervisor = Supervisor(port, env, queues)
     previous = {sig: signal.signal(sig, supervisor.request_stop)
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -2,8 +2,8 @@
 
 from qforge.client.aio import AsyncClient
 from qforge.client.errors import (ApiError, BadRequest, Conflict, Forbidden, Invalid, JobFailed, NotFound,
-                                  PayloadTooLarge, Unauthorized, Unavailable, WaitTimeout)
+                                  PayloadTooLarge, Unauthorized, Unavailable, Unreachable, WaitTimeout)
 from qforge.client.sync import Client
 
 __all__ = ["ApiError", "AsyncClient", "BadRequest", "Client", "Conflict", "Forbidden", "Invalid", "JobFailed",
-           "NotFound", "PayloadTooLarge", "Unauthorized", "Unavailable", "WaitTimeout"]
+           "NotFound", "PayloadTooLarge", "Unauthorized", "Unavailable", "Unreachable", "WaitTimeout"]

@@ -10,7 +10,7 @@ from uuid import UUID
 import httpx
 
 from qforge.api import models
-from qforge.client.errors import WaitTimeout
+from qforge.client.errors import Unreachable, WaitTimeout
 from qforge.client.routes import Call, Routes, job_outcome
 from qforge.client.sse import Resume, SseParser
 from qforge.client.sync import answer, headers_of, refused
@@ -26,7 +26,10 @@ class AsyncClient(Routes):
                                                timeout=timeout)
 
     async def _call(self, call: Call) -> Any:
-        response = await self._http.request(call.method, call.path, params=call.params, json=call.body)
+        try:
+            response = await self._http.request(call.method, call.path, params=call.params, json=call.body)
+        except httpx.TransportError as exc:
+            raise Unreachable(f"{self.base_url}{call.path}", exc) from exc
         return answer(call, response)
 
     async def close(self) -> None:
@@ -70,7 +73,7 @@ class AsyncClient(Routes):
                 raise WaitTimeout(job, timeout)
             await asyncio.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))
 
-    async def events(self, after: str | None = None, *, retry_seconds: float = 0.5,
+    async def events(self, after: str | int | None = None, *, retry_seconds: float = 0.5,
                      **filters: Any) -> AsyncIterator[Any]:
         """As Client.events: typed events, resumed from the last one after a dropped connection."""
         resume = Resume(after, filters)

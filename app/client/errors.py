@@ -59,6 +59,15 @@ def error_of(status: int, body: Any, text: str) -> ApiError:
     return BY_STATUS.get(status, ApiError)(status, "http_error", text[:500] or f"HTTP {status}")
 
 
+class Unreachable(ConnectionError):
+    """The API did not answer at all (nothing listens there, a wrong port, a timeout): the
+    message names the URL that was tried; `cause` is the transport's own error."""
+
+    def __init__(self, url: str, cause: Exception):
+        super().__init__(f"cannot reach the QForge API at {url}: {cause or type(cause).__name__}")
+        self.url, self.cause = url, cause
+
+
 class JobFailed(Exception):
     """wait(): the job ended without succeeding (dead, cancelled or skipped); `job` is its last view."""
 

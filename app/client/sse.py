@@ -53,9 +53,14 @@ class SseParser:
 class Resume:
     """Where events() stands: the last cursor received, and drops in a row since."""
 
-    last: str | None
+    last: str | int | None
     filters: dict[str, Any]
     failures: int = 0
+
+    def __post_init__(self) -> None:
+        # A cursor is a string on the wire; events(after=0) means the cursor "0" (the beginning).
+        if self.last is not None:
+            self.last = str(self.last)
 
     def request(self) -> dict[str, Any]:
         """The stream request's params and headers: from the last event received (Last-Event-ID wins

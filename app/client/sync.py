@@ -9,7 +9,7 @@ from uuid import UUID
 import httpx
 
 from qforge.api import models
-from qforge.client.errors import WaitTimeout, error_of
+from qforge.client.errors import Unreachable, WaitTimeout, error_of
 from qforge.client.routes import Call, Routes, job_outcome
 from qforge.client.sse import Resume, SseParser
 
@@ -37,7 +37,10 @@ class Client(Routes):
         self._http = http or httpx.Client(base_url=self.base_url, headers=headers_of(token), timeout=timeout)
 
     def _call(self, call: Call) -> Any:
-        response = self._http.request(call.method, call.path, params=call.params, json=call.body)
+        try:
+            response = self._http.request(call.method, call.path, params=call.params, json=call.body)
+        except httpx.TransportError as exc:
+            raise Unreachable(f"{self.base_url}{call.path}", exc) from exc
         return answer(call, response)
 
     def close(self) -> None:
@@ -81,10 +84,10 @@ class Client(Routes):
                 raise WaitTimeout(job, timeout)
             time.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))
 
-    def events(self, after: str | None = None, *, retry_seconds: float = 0.5, **filters: Any) -> Iterator[Any]:
+    def events(self, after: str | int | None = None, *, retry_seconds: float = 0.5, **filters: Any) -> Iterator[Any]:
         """The live log (GET /events/stream) as typed events, forever: a dropped connection is
         resumed from the last event received (Last-Event-ID), so nothing is missed or repeated.
-        `after="0"` replays from the beginning; None starts at the live tail. Filters:
+        `after=0` (or "0") replays from the beginning; None starts at the live tail. Filters:
         workflow_id, job_id, type, tags={"k": "v"}. Each event has `.position`; stop by breaking out."""
         resume = Resume(after, filters)
         while True:

@@ -174,34 +174,32 @@ def _for_each_problems(step: StepDef, known: set[str]) -> list[str]:
 
 
 def find_cycle(steps: list[StepDef]) -> list[str] | None:
-    """One dependency cycle as [a, b, ..., a], or None (edges to unknown steps ignored)."""
+    """One dependency cycle as [a, b, ..., a], or None (edges to unknown steps ignored).
+
+    A depth-first search with a stack of its own, not Python's: a chain as long as the
+    step limit (specs.MAX_STEPS) would pass the interpreter's recursion limit."""
     graph: dict[str, list[str]] = {}
     for step in steps:  # a duplicated name keeps the edges of every copy: its cycles still show
         graph.setdefault(step.name, []).extend(d for d in step.dependencies() if d != step.name)
-    state: dict[str, int] = {}  # 1 on the stack, 2 done
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for dep in graph.get(node, []):
-            if dep not in graph:
-                continue
-            if state.get(dep) == 1:
-                return stack[stack.index(dep):] + [dep]
-            if dep not in state:
-                found = visit(dep)
-                if found:
-                    return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for name in graph:
-        if name not in state:
-            found = visit(name)
-            if found:
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+    for root in graph:
+        if root in state:
+            continue
+        path: list[str] = [root]  # the nodes being visited, root first
+        pending = [iter(graph[root])]  # per node on the path: its dependencies not yet looked at
+        state[root] = 1
+        while path:
+            dep = next((d for d in pending[-1] if d in graph and state.get(d) != 2), None)
+            if dep is None:
+                state[path.pop()] = 2
+                pending.pop()
+            elif state.get(dep) == 1:
+                found = path[path.index(dep):] + [dep]
                 return list(reversed(found))  # read in execution order: a -> b -> a
+            else:
+                state[dep] = 1
+                path.append(dep)
+                pending.append(iter(graph[dep]))
     return None
 
 

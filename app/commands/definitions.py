@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from qforge.commands import workflows
 from qforge.commands.errors import Invalid, NotFound
-from qforge.commands.specs import ResultSpec, StepSpec, Storable, WorkflowSpec, check_tags
+from qforge.commands.specs import (MAX_STEPS, STEPS_LIMIT, ResultSpec, StepSpec, Storable, WorkflowSpec,
+                                   check_tags)
 from qforge.events import types as ev
 from qforge.sql import q
 
@@ -40,20 +41,23 @@ class RetryPolicy(BaseModel):
 
 
 class DefinitionSpec(Storable):
-    """PUT /definitions/{name}: a workflow body without name and idempotency key, plus `retry_policy`."""
+    """PUT /definitions/{name}: a workflow body without idempotency key, plus `retry_policy`; its
+    `name`, when given (as in a POST /workflows body), must be the path's."""
 
     model_config = ConfigDict(extra="forbid")
 
+    name: str | None = Field(default=None, min_length=1, max_length=200,
+                             description="optional: when given, the same as the path's name")
     tags: dict[str, str] = Field(default_factory=dict)
     result: ResultSpec | None = None
     deadline_seconds: float | None = Field(default=None, gt=0, le=365 * 86400)
     retry_policy: RetryPolicy | None = None
-    steps: list[StepSpec] = Field(min_length=1, max_length=1000)
+    steps: list[StepSpec] = Field(min_length=1, max_length=MAX_STEPS, description=STEPS_LIMIT)
 
     def document(self) -> dict[str, Any]:
         """What is stored: the body as given (unset fields stay unset, so the retry policy can
         tell a step that chose its max_retries from one that did not)."""
-        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"name"})
 
 
 class RunRequest(Storable):
@@ -100,6 +104,9 @@ def workflow_spec(name: str, version: int, document: dict[str, Any], inputs: dic
 def store_definition(conn, name: str, spec: DefinitionSpec, *, actor: str = "api",
                      now: datetime | None = None) -> dict[str, Any]:
     """Append a new version (every problem of the graph at once: Invalid, nothing stored)."""
+    if spec.name is not None and spec.name != name:
+        message = f"the body's name '{spec.name}' differs from the path's name '{name}'"
+        raise Invalid(message, [{"field": "name", "message": message}])
     problems = WorkflowSpec.model_validate(
         {"name": name, "steps": [s.model_dump(by_alias=True, exclude_unset=True) for s in spec.steps],
          **({"result": spec.result.model_dump()} if spec.result else {})}).problems()

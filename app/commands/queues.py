@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from psycopg.rows import dict_row
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from qforge.commands.errors import Invalid
 from qforge.commands.specs import NAME_PATTERN
@@ -32,9 +32,10 @@ class QueueSettingsSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rate_per_second: float | None = Field(default=None, gt=0, le=1_000_000,
+    # strict: true is not 1 (JSON's booleans are no numbers)
+    rate_per_second: StrictFloat | None = Field(default=None, gt=0, le=1_000_000,
                                           description="claims per second over all workers; null: no limit")
-    burst: int | None = Field(default=None, ge=1, le=1_000_000,
+    burst: StrictInt | None = Field(default=None, ge=1, le=1_000_000,
                               description="claims allowed at once after a quiet spell "
                                           "(default: one second's worth, at least 1)")
     paused: StrictBool | None = None  # strict: 0 or "yes" is not a boolean

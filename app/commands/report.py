@@ -33,6 +33,11 @@ class Report:
     workflow_id: UUID | None = None  # known by workers from the claim; else looked up
 
 
+# Failures that another attempt cannot mend: the job dead-letters at once, its retries unused.
+# unknown_task: no module the worker loaded registers the task (a retry would find none either).
+PERMANENT_REASONS = frozenset({"unknown_task"})
+
+
 @dataclass
 class Outcome:
     accepted: list[UUID] = field(default_factory=list)
@@ -92,7 +97,8 @@ def fail(conn, reports: list[Report], *, actor: str, now: datetime | None = None
         return Outcome()
     settings = get_settings()
     rows = [{"id": str(r.job_id), "attempt": r.attempt, "reason": r.reason,
-             "error": r.error or "failed", "result": r.result} for r in reports]
+             "error": r.error or "failed", "result": r.result,
+             "permanent": r.reason in PERMANENT_REASONS} for r in reports]
     with tx.block(conn, join=join), conn.cursor(row_factory=tuple_row) as cur:
         locked = _lock_workflows(cur, reports, workflow_ids_known)
         cur.execute(q("job_fail"), {

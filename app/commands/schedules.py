@@ -18,7 +18,8 @@ import logging
 
 import psycopg
 from psycopg.rows import dict_row
-from pydantic import Field, StrictBool, model_validator
+from pydantic import Field, StrictBool, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from qforge.commands import cron
 from qforge.commands.enqueue import enqueue
@@ -29,6 +30,7 @@ from qforge.events import types as ev
 from qforge.events.ids import new_ids
 from qforge.events.types import NewEvent
 from qforge.sql import q
+from qforge.warn_once import OncePerInterval
 
 log = logging.getLogger("qforge.schedules")
 
@@ -39,6 +41,14 @@ class DefinitionsUnavailable(Invalid):
     """Stored definitions (qforge.commands.definitions) are not in this build."""
 
     code = "validation"
+
+
+def refuse(problem: str | None, value: Any) -> Any:
+    """`value`, or the problem as a validation error of the field (in its own words: a
+    PydanticCustomError carries no "Value error, " prefix)."""
+    if problem:
+        raise PydanticCustomError("invalid", problem)
+    return value
 
 
 class ScheduleSpec(Storable):
@@ -56,9 +66,19 @@ class ScheduleSpec(Storable):
                                                              "the latest one, or all")
     paused: StrictBool = False
 
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, expression: str) -> str:
+        return refuse(cron.check(expression), expression)
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, zone: str) -> str:
+        return refuse(cron.check_timezone(zone), zone)
+
     @model_validator(mode="after")
     def _consistent(self) -> "ScheduleSpec":
-        problems = [p for p in (cron.check(self.cron), cron.check_timezone(self.timezone)) if p]
+        problems = []
         if (self.job is None) == (self.definition is None):
             problems.append("give either job or definition")
         if self.inputs is not None and self.definition is None:
@@ -68,8 +88,7 @@ class ScheduleSpec(Storable):
                 problems.append("job.idempotency_key is set by the schedule (its name and the tick)")
             if self.job.run_at is not None:
                 problems.append("job.run_at: a scheduled job runs at its tick (delay_seconds is allowed)")
-        if problems:
-            raise ValueError("; ".join(problems))
+        refuse("; ".join(problems) or None, self)
         return self
 
     def stored(self) -> dict[str, Any]:
@@ -86,9 +105,12 @@ def _now(now: datetime | None) -> datetime:
     return now or datetime.now(timezone.utc)
 
 
-def _require_definitions(spec: ScheduleSpec) -> None:
-    if spec.definition is not None:
-        definitions_module()
+def _require_definitions(conn, spec: ScheduleSpec) -> None:
+    """A schedule names a stored definition that exists (as a sub-workflow step must), or it
+    would be refused at every tick instead of once, here."""
+    if spec.definition is not None and definitions_module().get_definition(conn, spec.definition) is None:
+        message = f"definition: no stored definition is named '{spec.definition}' (PUT /definitions/{{name}} first)"
+        raise Invalid(message, [{"field": "definition", "message": message}])
 
 
 def definitions_module():
@@ -118,7 +140,7 @@ def start_definition(conn, name: str, inputs: dict[str, Any], *, actor: str, ide
 
 
 def create_schedule(conn, spec: ScheduleSpec, *, actor: str = "api", now: datetime | None = None) -> dict:
-    _require_definitions(spec)
+    _require_definitions(conn, spec)
     at = _now(now)
     [stream] = new_ids(1)
     events: list[ev.EventData] = [ev.ScheduleCreated(name=spec.name, spec=spec.stored(),
@@ -152,7 +174,7 @@ def update_schedule(conn, name: str, changes: dict[str, Any], *, actor: str = "a
         if "definition" in changes and changes["definition"] is not None:
             merged.pop("job", None)
         spec = ScheduleSpec.model_validate(merged)  # ValidationError: the API's 422
-        _require_definitions(spec)
+        _require_definitions(conn, spec)
         events: list[ev.EventData] = []
         if spec.stored() != row["spec"]:
             events.append(ev.ScheduleUpdated(spec=spec.stored(),
@@ -207,8 +229,12 @@ def fire_due(conn, *, actor: str, grace_seconds: float, now: datetime | None = N
         try:
             fired += fire_schedule(conn, name, actor=actor, grace_seconds=grace_seconds, now=at)
         except CommandError as exc:  # e.g. its definition is gone: the others still fire
-            log.warning("schedule %s cannot fire: %s", name, exc.message)
+            refusals.warn(f"{name}: {exc.message}", f"schedule {name} cannot fire: {exc.message}")
     return fired
+
+
+# A schedule refused at every tick (four a second) writes one line a minute.
+refusals = OncePerInterval(log)
 
 
 def choose_ticks(ticks: list[datetime], now: datetime, grace_seconds: float,

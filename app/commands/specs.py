@@ -16,6 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from qforge.commands import dag
 
 NAME_PATTERN = r"^[A-Za-z0-9_.:\-]{1,200}$"
+MAX_STEPS = 1000  # steps in one workflow or definition (docs/workflows.md): a longer body is a 422
+
+# The one type of a step's `when`, in what callers send and in what the API answers (so
+# every form a request takes comes back): a condition {"step", "path"?, "equals" |
+# "not_equals" | "in"}, {"all" | "any": [...]} or {"not": ...} over conditions, or
+# "otherwise". Its shape is checked with the graph (dag.validate: every problem at once).
+When = dict[str, Any] | Literal["otherwise"]
+STEPS_LIMIT = f"at most {MAX_STEPS} steps (past it: 422 naming the limit)"
 MAX_DEPTH = 64  # nesting of objects and lists in a body (serializers give up near 255)
 
 
@@ -147,9 +155,7 @@ class StepSpec(FlowFields):
     task: str | None = Field(default=None, min_length=1, max_length=200)
     payload: dict[str, Any] = Field(default_factory=dict)
     depends_on: list[str] = Field(default_factory=list, max_length=1000)
-    # a condition {"step", "path"?, "equals" | "not_equals" | "in"}, or {"all" | "any": [...]},
-    # {"not": ...} over conditions, or "otherwise" (checked with the graph: every problem at once)
-    when: dict[str, Any] | Literal["otherwise"] | None = None
+    when: When | None = None
     on_failure: str | None = Field(default=None, max_length=200)
     type: str = Field(default="task", max_length=100, description="task (default) | wait_for_trigger | sleep | workflow")
     seconds: float | None = Field(default=None, ge=0, le=30 * 86400)
@@ -198,7 +204,7 @@ class WorkflowSpec(Storable):
     result: ResultSpec | None = None
     deadline_seconds: float | None = Field(default=None, gt=0, le=365 * 86400, description=(
         "the workflow fails with reason deadline when it runs longer (running steps are stopped)"))
-    steps: list[StepSpec] = Field(min_length=1, max_length=1000)
+    steps: list[StepSpec] = Field(min_length=1, max_length=MAX_STEPS, description=STEPS_LIMIT)
 
     @field_validator("tags")
     @classmethod
@@ -231,6 +237,7 @@ def parse_spec(model: type[BaseModel], data: Any) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        details = [{"field": ".".join(str(p) for p in error["loc"]) or "body", "message": error["msg"]}
+        details = [{"field": ".".join(str(p) for p in error["loc"]) or "body",
+                    "message": str(error["msg"]).removeprefix("Value error, ")}
                    for error in exc.errors()]
         raise Invalid("; ".join(f"{d['field']}: {d['message']}" for d in details), details) from None

@@ -23,6 +23,7 @@ class WorkerInfo:
     queues: list[str]
     concurrency: int
     started_at: datetime
+    tasks: tuple[str, ...] | None = None  # what it can run (GET /queues warns of tasks none registers)
 
 
 def record(conn, worker: WorkerInfo, running: list[dict[str, Any]]) -> None:
@@ -35,6 +36,7 @@ def record(conn, worker: WorkerInfo, running: list[dict[str, Any]]) -> None:
         "name": worker.name, "host": worker.host, "pid": worker.pid,
         "queues": list(worker.queues), "concurrency": worker.concurrency,
         "running": json.dumps(running), "started_at": worker.started_at,
+        "tasks": list(worker.tasks) if worker.tasks is not None else None,
     })
 
 

@@ -15,14 +15,19 @@ NEVER_YEAR = 9999  # a trigger wait without timeout waits "until" 9999-12-31: no
 
 # GET /workflows/{id}.
 WORKFLOW_FIELDS = ("id", "name", "status", "tags", "created_at", "finished_at", "error", "result",
-                   "deadline_at")
+                   "deadline_seconds", "deadline_at")
 STEP_FIELDS = ("step", "status", "job_id", "depends_on", "output", "error", "attempts",
                "started_at", "finished_at")
 
 
-def step_view(row: dict[str, Any]) -> dict[str, Any]:
-    """A step's job row in the contract's step shape (started_at: claim, or when a wait began)."""
-    return {
+# What GET /workflows/{id} shows of a step as it was declared (from the workflow's definition).
+DECLARED_FIELDS = ("seconds", "for_each", "max_parallel", "definition", "inputs")
+
+
+def step_view(row: dict[str, Any], declared: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A step's job row in the contract's step shape (started_at: claim, or when a wait began);
+    `declared` is the step as submitted."""
+    return {k: (declared or {}).get(k) for k in DECLARED_FIELDS} | {
         "step": row["step"], "status": row["status"], "job_id": row["id"],
         "depends_on": list(row.get("depends_on") or []), "output": row.get("result"),
         "error": row.get("last_error"), "attempts": row.get("attempts", 0),
@@ -91,7 +96,8 @@ def workflow_view(workflow: dict[str, Any], rows: list[dict[str, Any]],
             elements.setdefault(row["element_of"], []).append(row)
     fanned = {s.get("step") for s in workflow.get("definition") or []
               if isinstance(s, dict) and s.get("for_each")}
-    view["steps"] = [step_view(row) | ({"elements": elements_view(elements.get(row["step"], []))}
+    declared = {s.get("step"): s for s in workflow.get("definition") or [] if isinstance(s, dict)}
+    view["steps"] = [step_view(row, declared.get(row["step"])) | ({"elements": elements_view(elements.get(row["step"], []))}
                                        if row["step"] in fanned else {})
                      | ({"child_workflow_id": (children or {}).get(row["id"])}
                         if row.get("step_type") == "workflow" else {})

@@ -343,16 +343,18 @@ RETURNING stream_id AS id, workflow_id
 -- name: job_fail
 -- Fenced batch failure. Each failed attempt appends Failed and, in the same
 -- statement, Retried (backoff min(base*2^(n-1), cap) plus jitter, n counting
--- only attempts that use the budget) or DeadLettered once n > max_retries.
+-- only attempts that use the budget) or DeadLettered once n > max_retries (or at
+-- once for a permanent failure).
 -- This is the one place where a worker's job becomes dead. The second event's
 -- hash chains to the first's.
 WITH report AS (
     SELECT * FROM jsonb_to_recordset(%(reports)s::jsonb) AS r(id uuid, attempt integer,
                                                                reason text, error text,
-                                                               result jsonb)
+                                                               result jsonb, permanent boolean)
 ), target AS (
     SELECT j.id, j.version, j.workflow_id, j.chain, j.attempts,
-           j.attempts - j.free_attempts > j.max_retries AS exhausted,
+           -- a permanent failure (report.PERMANENT_REASONS) dead-letters whatever budget is left
+           j.attempts - j.free_attempts > j.max_retries OR coalesce(r.permanent, false) AS exhausted,
            -- a job's own retry policy (a stored definition's), else the settings
            job_backoff_seconds(j.attempts - j.free_attempts, coalesce(j.backoff_base_seconds, %(base)s),
                                coalesce(j.backoff_cap_seconds, %(cap)s), random() * %(jitter)s) AS delay,

@@ -3,11 +3,11 @@
 -- for both, so a row removed by hand (or a worker marked gone that was only
 -- slow) comes back on the next tick.
 INSERT INTO workers (name, host, pid, queues, concurrency, running, status, started_at,
-                     last_seen, stopped_at)
+                     last_seen, stopped_at, tasks)
 VALUES (%(name)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(running)s::jsonb,
-        'running', %(started_at)s, now(), NULL)
+        'running', %(started_at)s, now(), NULL, %(tasks)s)
 ON CONFLICT (name) DO UPDATE
-   SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
+   SET host = excluded.host, pid = excluded.pid, queues = excluded.queues, tasks = excluded.tasks,
        concurrency = excluded.concurrency, running = excluded.running,
        status = 'running', started_at = excluded.started_at,
        last_seen = excluded.last_seen, stopped_at = NULL
@@ -29,7 +29,7 @@ RETURNING name
 
 -- name: workers_live
 -- Live means heartbeating recently, whether or not the monitor swept yet.
-SELECT name, host, pid, queues, concurrency, running, last_seen, started_at
+SELECT name, host, pid, queues, concurrency, running, last_seen, started_at, tasks
   FROM workers
  WHERE status = 'running'
    AND last_seen >= now() - make_interval(secs => %(stale_seconds)s)
@@ -74,3 +74,17 @@ SELECT concurrency_compact() AS rows
 -- name: log_maintain
 -- Keep empty partitions ahead of the appends (definitions/50_log_partitions.sql).
 SELECT log_maintain() AS made
+
+
+-- name: queue_due_tasks
+-- The tasks among the first due pending jobs of each queue (at most 200 a queue, in
+-- claim order through jobs_claim: a few index pages whatever the backlog), for telling
+-- which of them no live worker registers.
+SELECT q.queue, h.task
+  FROM unnest(%(queues)s::text[]) AS q(queue)
+ CROSS JOIN LATERAL (SELECT DISTINCT head.task
+                       FROM (SELECT j.task FROM jobs j
+                              WHERE j.status = 'pending' AND j.queue = q.queue AND j.run_at <= now()
+                              ORDER BY j.priority DESC, j.run_at
+                              LIMIT 200) head) h
+ ORDER BY q.queue, h.task

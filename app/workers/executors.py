@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from qforge.workers.isolation import Step
+from qforge.commands.specs import MAX_DEPTH
 from qforge.workers.sandbox import TaskPolicy, resolve
 from qforge.workers.secrets import Masker, resolve_references
 from qforge.workers.tasks import RESULT_CHECK, TaskContext, TaskError, get_task
@@ -68,7 +69,23 @@ async def execute(
             RESULT_CHECK.encode(result)
     except (TypeError, ValueError) as exc:
         raise TaskError(f"task {task!r} returned a result that is not JSON-serialisable: {exc}") from exc
+    if nested_deeper(result, MAX_DEPTH):
+        # The API could not send it back (nor a later step's payload that carries it as input):
+        # e.g. echo in a long chain, whose each output holds the one before.
+        raise TaskError(f"task {task!r} returned a result nested more than {MAX_DEPTH} levels deep")
     return result
+
+
+def nested_deeper(value: Any, limit: int) -> bool:
+    """Do objects and lists nest more than `limit` deep in `value`? (No recursion: any depth.)"""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth >= limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 async def run_python(task: str, payload: dict, ctx: TaskContext, thread_pool: Executor | None) -> Any:

@@ -30,11 +30,15 @@ from qforge.commands.schedules import fire_due, next_due
 from qforge.commands.subflows import finish_parents
 from qforge.commands.workflows import fire_deadlines, fire_timers
 from qforge.events import audit, witness
+from qforge.projections import serving
+from qforge.projections.stats import queue_stats
 from qforge.settings import Settings, get_settings
+from qforge.warn_once import OncePerInterval
 from qforge.sql import q
 from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, connect, describe
 
 log = logging.getLogger("qforge.monitor")
+UNSERVED_CHECK_SECONDS = 5.0  # how often the leader looks for due jobs no live worker takes
 
 # Fixed key of the leadership lock ("QForge" in ASCII plus 2; migrations use +1).
 MONITOR_LOCK_KEY = 0x5146_6F72_6765_0002
@@ -51,7 +55,9 @@ class Monitor:
         self.stopping = False
         self.judge_after = float("-inf")  # no stale-job recovery or worker sweep before this (monotonic)
         self.checkpoint_after = float("-inf")  # next audit checkpoint (monotonic)
-        self.witnessed = False  # a head was written to the witness directory since this start
+from qforge.events import audit, witness
+from qforge.projections import serving
+from qforge.projections.stats import queue_stats
 
         self.keeper: LogKeeper | None = None
 
@@ -170,6 +176,15 @@ class Monitor:
         gone = workers.mark_gone(conn, stale_seconds=stale)
         if gone:
             log.info("workers gone (silent for over %gs): %s", stale, ", ".join(gone))
+        if time.monotonic() >= self.look_for_unserved_at:
+            self.look_for_unserved_at = time.monotonic() + UNSERVED_CHECK_SECONDS
+            self._warn_unserved(conn)
+
+    def _warn_unserved(self, conn: psycopg.Connection) -> None:
+        """Say (once a minute per queue and task) when due jobs wait for a worker that is not there."""
+        for warnings in serving.unserved(conn, queue_stats(conn), self.settings.stale_seconds).values():
+            for subject, text in warnings:
+                self.unserved.warn(subject, text)
 
     def _checkpoint(self, conn: psycopg.Connection) -> None:
         """An audit checkpoint every QFORGE_AUDIT_CHECKPOINT_SECONDS (0: none)."""

@@ -96,7 +96,9 @@ def get_task(name: str) -> RegisteredTask:
     try:
         return _registry[name]
     except KeyError:
-        raise TaskError(f"unknown task {name!r}") from None
+        raise TaskError(f"unknown task {name!r}: this worker knows {', '.join(sorted({*_registry, 'http', 'shell'}))}; "
+                        "load the module that registers it with qforge worker --tasks my.module",
+                        reason="unknown_task") from None
 
 
 def registered_task_names() -> list[str]:

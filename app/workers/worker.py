@@ -41,7 +41,7 @@ from qforge.workers.sandbox import TaskPolicy
 from qforge.workers import isolation, reporting
 from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, Reconnecting, connect_async, describe
 from qforge.workers.executors import execute
-from qforge.workers.tasks import TaskContext
+from qforge.workers.tasks import TaskContext, registered_task_names
 
 log = logging.getLogger("qforge.worker")
 
@@ -89,7 +89,9 @@ class Worker:
         self.undumpable = allow_shell and isolation.make_undumpable()
         self.info = workers.WorkerInfo(name=name, host=socket.gethostname(), pid=os.getpid(),
                                        queues=queues, concurrency=concurrency,
-                                       started_at=datetime.now(timezone.utc))
+                                       started_at=datetime.now(timezone.utc),
+                                       tasks=tuple(sorted({*registered_task_names(), "http",
+                                                           *(["shell"] if allow_shell else [])})))
         self.db = Reconnecting(url, f"qforge-worker {name}", setup=plan_generically)
         self.db_thread = ThreadPoolExecutor(1, thread_name_prefix="qforge-db")
         self.task_threads = ThreadPoolExecutor(concurrency, thread_name_prefix="qforge-task")

@@ -132,3 +132,16 @@ def test_workflow_form_shows_every_problem_and_submits(dashboard: Dashboard, api
     expect(page).to_have_url(re.compile(r"#/workflows/[0-9a-f-]{36}$"))
     assert [w["name"] for w in api.get("/workflows", params={"name": name}).json()["items"]] == [name]
     assert_clean_but_the_refusals(dashboard)
+
+
+def test_queues_and_job_pages_say_when_no_live_worker_takes_due_jobs(dashboard: Dashboard, api: httpx.Client):
+    """Issue 29: a job on a queue no worker serves waited for ever without a word."""
+    queue = f"nobody_{uuid.uuid4().hex[:6]}"
+    job = api.post("/jobs", json={"task": "echo", "queue": queue}).json()
+    page = dashboard.open("/queues")
+    row = page.locator(f"tr[data-queue='{queue}']")
+    expect(row.locator(".queue-warning")).to_contain_text("no live worker serves it")
+    expect(row.locator(".queue-warning")).to_contain_text(f"--queues {queue}")
+    dashboard.open(f"/jobs/{job['id']}")
+    expect(page.locator("#job-waiting-for-worker")).to_contain_text(f"no live worker serves queue '{queue}'")
+    dashboard.assert_clean()

@@ -108,6 +108,9 @@ export function mountJob(container, jobId) {
           h("code", { class: "fullid" }, job.id),
           audit.el),
         h("div", { class: "actions" }, buttons)),
+      job.waiting_for_worker
+        ? h("p", { class: "card error-cell", id: "job-waiting-for-worker", role: "note" }, job.waiting_for_worker)
+        : null,
       h("div", { class: "detail-grid" },
         h("div", { class: "card" }, facts([
           ["Task", job.task],

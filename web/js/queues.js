@@ -31,6 +31,7 @@ function queuesOf(body) {
     return {
       name: item.queue ?? item.name, counts: counts || {}, oldestAgeSeconds: age,
       paused: Boolean(item.paused), rate: item.rate_per_second ?? null, burst: item.burst ?? null,
+      warnings: Array.isArray(item.warnings) ? item.warnings : [],
     };
   }).filter((queue) => queue.name != null).sort((a, b) => String(a.name).localeCompare(String(b.name)));
 }
@@ -63,7 +64,9 @@ async function setPaused(queue, paused, done) {
 
 function queueRow(queue, refresh) {
   return h("tr", { "data-queue": queue.name, class: queue.paused ? "paused" : null },
-    h("th", { scope: "row" }, queue.name, queue.paused ? h("span", { class: "pill paused-pill" }, "paused") : null),
+    h("th", { scope: "row" }, queue.name, queue.paused ? h("span", { class: "pill paused-pill" }, "paused") : null,
+      // due jobs that no live worker takes (no worker serves the queue, or none registers a task)
+      queue.warnings.map((text) => h("div", { class: "queue-warning error-cell small", role: "note" }, text))),
     h("td", { class: "barcell" }, stackedBar(queue.counts)),
     STATUSES.map((st) => {
       const value = queue.counts[st] || 0;
@@ -129,7 +132,7 @@ export function mountQueues(container) {
       syncChildren(queueBody, queues, {
         key: (q) => q.name,
         signature: (q) => JSON.stringify([q.counts, q.oldestAgeSeconds == null ? null : duration(q.oldestAgeSeconds),
-          q.paused, q.rate, q.burst]),
+          q.paused, q.rate, q.burst, q.warnings]),
         build: (q) => queueRow(q, refreshQueues),
       });
       queueEmpty.hidden = queues.length > 0;
