@@ -365,10 +365,10 @@ def test_the_client_replays_from_zero_gives_models_and_names_a_wrong_url(surface
 
 
 def curl_examples() -> list[tuple[str, str]]:
-    """(file, command) for every curl command in README.md and docs/*.md code blocks, with
+    """(file, command) for every curl command in README.md and docs/**/*.md code blocks, with
     its continuation lines and quoted newlines joined."""
     found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         blocks, inside = [], None
         for line in path.read_text().splitlines():
             if line.startswith("```"):

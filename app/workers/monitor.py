@@ -55,10 +55,9 @@ class Monitor:
         self.stopping = False
         self.judge_after = float("-inf")  # no stale-job recovery or worker sweep before this (monotonic)
         self.checkpoint_after = float("-inf")  # next audit checkpoint (monotonic)
-from qforge.events import audit, witness
-from qforge.projections import serving
-from qforge.projections.stats import queue_stats
-
+        self.witnessed = False  # a head was written to the witness directory since this start
+        self.look_for_unserved_at = float("-inf")  # next look for due jobs no worker takes (monotonic)
+        self.unserved = OncePerInterval(log)
         self.keeper: LogKeeper | None = None
 
     def stop(self, *_: object) -> None:
