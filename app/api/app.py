@@ -14,8 +14,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qforge import tracing
-from qforge.api import (compat, dashboard_states, definitions, errors, events, executions, jobs, operations,
-                        queues, schedules, stats, tokens, workflows)
+from qforge.api import (compat, dashboard_states, definitions, errors, events, executions, jobs, keys,
+                        operations, queues, schedules, stats, tokens, workflows)
 from qforge.api.auth import authorize, refuse_unguarded
 from qforge.api.consistency import WriteLsnHeaders
 from qforge.api.deps import Resources
@@ -156,7 +156,7 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
     protected = [Depends(authorize)]
     for router in (jobs.router, workflows.router, definitions.router, compat.router, events.router,
                    executions.router, operations.router, tokens.router, queues.router, schedules.router,
-                   stats.router):
+                   stats.router, keys.router):
         app.include_router(router, dependencies=protected)
     app.include_router(operations.health_router)
 
