@@ -482,3 +482,12 @@ SELECT id, step_type, workflow_id, sleep_seconds FROM jobs
  WHERE status = 'waiting' AND run_at <= coalesce(%(now)s::timestamptz, now())
  ORDER BY run_at
  LIMIT %(limit)s
+
+-- name: job_next_due
+-- When the earliest pending job of these queues that is not due yet comes due
+-- (epoch seconds), for the worker's timer when its listener (re)connects: the
+-- notifications of later enqueues and retries say so themselves. Walks the
+-- queues' pending jobs: once per connection, never per claim.
+SELECT extract(epoch FROM min(j.run_at))::float8 AS due
+  FROM jobs j
+ WHERE j.status = 'pending' AND j.queue = ANY(%(queues)s::text[]) AND j.run_at > now()
