@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
-from pydantic import BaseModel
 
 from qforge.api.auth import Actor
 from qforge.api.common import ERRORS, limit_query
 from qforge.api.deps import Conn
 from qforge.api.errors import ApiError
-from qforge.api.models import EventHistory
+from qforge.api.models import EventHistory, KeyList, KeyView
 from qforge.commands import keys as commands
 from qforge.events import store
 
@@ -22,33 +20,15 @@ KeyName = Annotated[str, Path(min_length=1, max_length=commands.KEY_MAX_LENGTH,
                               description="a job's concurrency_key or fairness_key")]
 
 
-class KeyView(BaseModel):
-    key: str
-    configured: bool  # false: nothing set here, the key runs as its jobs say
-    concurrency_limit: int | None  # configured; null: each job's own concurrency_limit
-    weight: int
-    rate_per_second: float | None
-    burst: int | None
-    concurrency_limit_in_force: int | None  # what the claim applies now (null: no job used the key yet)
-    running: int  # jobs of the key running now
-    fairness_claimed: int  # jobs of the fairness key claimed so far (the rotation's count)
-    updated_at: datetime | None
-
-
-class KeyList(BaseModel):
-    items: list[KeyView]
-    next: str | None = None
-
-
-@router.put("/keys/{key}", response_model=KeyView, responses=ERRORS)
-def put_key(key: KeyName, body: commands.KeySettingsSpec, conn: Conn, actor: Actor) -> dict:
+@router.put("/keys/{name}", response_model=KeyView, responses=ERRORS)
+def put_key(name: KeyName, body: commands.KeySettingsSpec, conn: Conn, actor: Actor) -> dict:
     """`{"concurrency_limit"?: int | null, "weight"?: int, "rate_per_second"?: float | null,
     "burst"?: int}`; fields left out keep their value, null clears. concurrency_limit replaces the
     limit of every job with this concurrency_key (a job's own applies only while the key has none);
     weight is the turns a fairness_key takes per rotation; rate_per_second / burst bound how fast
     the key's jobs start over all queues and workers. Each change is a KeyConfigured event."""
-    commands.configure_key(conn, key, body, actor=actor)
-    view = commands.get_key(conn, key)
+    commands.configure_key(conn, name, body, actor=actor)
+    view = commands.get_key(conn, name)
     assert view is not None
     return view
 
@@ -63,18 +43,18 @@ def list_keys(conn: Conn, limit: limit_query = 100,
     return {"items": items, "next": items[-1]["key"] if more else None}
 
 
-@router.get("/keys/{key}", response_model=KeyView, responses=ERRORS)
-def get_key(key: KeyName, conn: Conn) -> dict:
-    found = commands.get_key(conn, key)
+@router.get("/keys/{name}", response_model=KeyView, responses=ERRORS)
+def get_key(name: KeyName, conn: Conn) -> dict:
+    found = commands.get_key(conn, name)
     if found is None:
-        raise ApiError(404, "not_found", f"key {key} not found: never configured nor used by a job")
+        raise ApiError(404, "not_found", f"key {name} not found: never configured nor used by a job")
     return found
 
 
-@router.get("/keys/{key}/events", response_model=EventHistory, responses=ERRORS)
-def key_events(key: KeyName, conn: Conn) -> dict:
+@router.get("/keys/{name}/events", response_model=EventHistory, responses=ERRORS)
+def key_events(name: KeyName, conn: Conn) -> dict:
     """The key's history: every KeyConfigured, oldest first (404 for a key never configured)."""
-    events = store.read_stream(conn, commands.key_stream_id(key))
+    events = store.read_stream(conn, commands.key_stream_id(name))
     if not events:
-        raise ApiError(404, "not_found", f"key {key} was never configured")
+        raise ApiError(404, "not_found", f"key {name} was never configured")
     return {"events": [e.model_dump(mode="json") for e in events]}

@@ -67,13 +67,13 @@ DELETE FROM key_buckets WHERE key = %(key)s
 WITH named AS (
     SELECT key FROM key_settings WHERE key > coalesce(%(after)s, '')
     UNION SELECT key FROM concurrency_slots WHERE key > coalesce(%(after)s, '')
-    UNION SELECT key FROM fairness_turns WHERE key > coalesce(%(after)s, '')
+    UNION SELECT key FROM fairness_turns WHERE key > coalesce(%(after)s, '')  -- '': jobs without a key
 ), page AS (
     SELECT key FROM named WHERE %(key)s::text IS NULL OR key = %(key)s ORDER BY key LIMIT %(limit)s
 )
 SELECT p.key, ks.key IS NOT NULL AS configured, ks.concurrency_limit, coalesce(ks.weight, 1) AS weight,
        ks.rate_per_second, ks.burst, ks.updated_at,
-       cr.lim AS concurrency_limit_in_force, cr.running AS concurrency_running,
+       coalesce(cr.lim, ks.concurrency_limit) AS concurrency_limit_in_force, cr.running AS concurrency_running,
        (SELECT count(*) FROM jobs j WHERE j.status = 'running' AND j.fairness_key = p.key) AS fairness_running,
        (SELECT sum(f.taken) FROM fairness_turns f WHERE f.key = p.key) AS fairness_claimed
   FROM page p

@@ -183,7 +183,7 @@ WITH RECURSIVE clock AS MATERIALIZED (
                                           ELSE coalesce(b.allowed, 0) END) AS allowed
       FROM flow f LEFT JOIN bucket b ON b.queue = f.queue
 ), plain AS MATERIALIZED (
-    SELECT c.*, 'p'::text AS kind, NULL::text AS rot
+    SELECT c.*, 'p'::text AS kind, ''::text AS rot
       FROM quota qu
      CROSS JOIN LATERAL (
             SELECT j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
@@ -281,10 +281,12 @@ WITH RECURSIVE clock AS MATERIALIZED (
     SELECT t.queue, t.key, 1.0::float8 / coalesce(ks.weight, 1) AS stride, f.served_at,
            coalesce(greatest(f.pass, max(f.pass) OVER (PARTITION BY t.queue) - 1), 0) AS pass,
            coalesce(ks.weight, 1)::float8 / sum(coalesce(ks.weight, 1)) OVER (PARTITION BY t.queue) AS portion
-      FROM tenants t
+      FROM (SELECT x.queue, x.key FROM tenants x WHERE x.key IS NOT NULL
+            UNION ALL
+            -- the jobs without a fairness key, as one more key ('', a name no key has)
+            SELECT DISTINCT x.queue, '' FROM tenants x WHERE x.key IS NOT NULL) t
       LEFT JOIN key_settings ks ON ks.key = t.key
       LEFT JOIN fairness_turns f ON f.queue = t.queue AND f.key = t.key
-     WHERE t.key IS NOT NULL
 ), shares AS MATERIALIZED (
     -- each key's share of its queue's batch, by weight (one more job than its portion:
     -- a key ahead in the rotation may take a turn more than its portion), and no more
@@ -308,30 +310,38 @@ WITH RECURSIVE clock AS MATERIALIZED (
              -- the key's share of the batch (see keyed)
              LIMIT t.share
                FOR UPDATE SKIP LOCKED) c
-     WHERE t.share > 0
+     WHERE t.share > 0 AND t.key <> ''
 ), front AS MATERIALIZED (
-    -- per queue, the front of the rotation: where the jobs without a fairness key stand
+    -- per queue, the front of the rotation: where jobs with a concurrency key stand
     SELECT s.queue, min(s.pass) AS pass FROM shares s GROUP BY s.queue
-), ranked AS (
-    -- vstart: the job's place in the rotation (its key's pass plus a stride per job
-    -- of the key before it in this claim); served_at breaks ties, least recently first
-    SELECT c.*, coalesce(s.pass, fr.pass, 0)
-                + (row_number() OVER (PARTITION BY c.queue, c.kind, c.rot
-                                      ORDER BY c.priority DESC, c.run_at, c.id) - 1) * coalesce(s.stride, 1)
-                AS vstart,
-           s.served_at AS key_served_at
+), numbered AS (
+    -- nth: the job's place among its key's jobs in this claim
+    SELECT c.*, row_number() OVER (PARTITION BY c.queue, c.kind, c.rot
+                                   ORDER BY c.priority DESC, c.run_at, c.id) - 1 AS nth
       FROM (SELECT * FROM plain UNION ALL SELECT * FROM keyed UNION ALL SELECT * FROM fair) c
-      LEFT JOIN shares s ON c.kind = 'f' AND s.queue = c.queue AND s.key = c.rot
+), ranked AS (
+    -- vstart: the job's place in the rotation, its key's pass plus a stride per job of
+    -- the key before it in this claim (rounded: strides of 1/3 must add up to 1 exactly).
+    -- Ties go to a key's first job in this claim, then to the key served least recently.
+    SELECT c.*, round((coalesce(s.pass, fr.pass, 0) + c.nth * coalesce(s.stride, 1))::numeric, 9) AS vstart,
+           s.served_at AS key_served_at
+      FROM numbered c
+      LEFT JOIN shares s ON c.kind IN ('f', 'p') AND s.queue = c.queue AND s.key = c.rot
       LEFT JOIN front fr ON fr.queue = c.queue
 ), placed AS (
-    SELECT r.*, row_number() OVER (PARTITION BY r.queue ORDER BY r.priority DESC, r.vstart,
-                                   r.key_served_at NULLS FIRST, r.rot, r.run_at, r.id) AS place
+    -- place: in its queue's batch; keyplace: among its key's jobs of every queue (a key's rate
+    -- bounds them all)
+    SELECT r.*, row_number() OVER (PARTITION BY r.queue ORDER BY r.priority DESC, r.vstart, r.nth,
+                                   r.key_served_at NULLS FIRST, r.rot, r.run_at, r.id) AS place,
+           row_number() OVER (PARTITION BY r.kind = 'p', r.rot ORDER BY r.priority DESC, r.vstart, r.nth,
+                              r.run_at, r.id) AS keyplace
       FROM ranked r
 ), picked AS MATERIALIZED (
     SELECT p.*, jsonb_build_object('attempt', p.attempts + 1) AS data
       FROM placed p JOIN quota qu ON qu.queue = p.queue
-     WHERE p.place <= qu.allowed
-     ORDER BY p.priority DESC, p.vstart, p.key_served_at NULLS FIRST, p.rot, p.run_at, p.id
+      LEFT JOIN key_bucket kb ON kb.key = p.rot AND p.kind <> 'p'
+     WHERE p.place <= qu.allowed AND p.keyplace <= coalesce(kb.allowed, %(limit)s)
+     ORDER BY p.priority DESC, p.vstart, p.nth, p.key_served_at NULLS FIRST, p.rot, p.run_at, p.id
      LIMIT %(limit)s
 ), claimed AS (
     -- include: job_claim_record
@@ -341,7 +351,7 @@ WITH RECURSIVE clock AS MATERIALIZED (
     INSERT INTO fairness_turns AS f (queue, key, pass, stride, taken, served_at)
     SELECT p.queue, p.rot, s.pass + count(*) * s.stride, s.stride, count(*), (SELECT at FROM clock)
       FROM picked p JOIN shares s ON s.queue = p.queue AND s.key = p.rot
-     WHERE p.kind = 'f'
+     WHERE p.kind IN ('f', 'p')
      GROUP BY p.queue, p.rot, s.pass, s.stride
      ORDER BY p.queue, p.rot
     ON CONFLICT (queue, key) DO UPDATE
@@ -358,7 +368,7 @@ WITH RECURSIVE clock AS MATERIALIZED (
 SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_seconds,
        p.workflow_id, p.step, p.tags, p.trace
   FROM picked p
- ORDER BY p.priority DESC, p.vstart, p.key_served_at NULLS FIRST, p.rot, p.run_at, p.id
+ ORDER BY p.priority DESC, p.vstart, p.nth, p.key_served_at NULLS FIRST, p.rot, p.run_at, p.id
 
 -- name: job_heartbeat
 -- Fenced: only the current attempt of a running job may beat. Rows that do not
