@@ -175,7 +175,8 @@ def test_put_and_get_keys_over_http(api: httpx.Client, conn: psycopg.Connection)
 @pytest.mark.parametrize(("body", "field"), [
     ({"weight": 0}, "weight"), ({"weight": "3"}, "weight"), ({"weight": None}, "weight"),
     ({"concurrency_limit": 0}, "concurrency_limit"), ({"concurrency_limit": 1.5}, "concurrency_limit"),
-    ({"rate_per_second": -1}, "rate_per_second"), ({"burst": 0}, "burst"),
+    ({"rate_per_second": -1}, "rate_per_second"), ({"rate_per_second": True}, "rate_per_second"),
+    ({"burst": 0}, "burst"),
     ({"burst": 5}, "burst"), ({"colour": "red"}, "colour"),
 ])
 def test_a_bad_key_body_is_a_422_naming_the_field_and_stores_nothing(api: httpx.Client, conn: psycopg.Connection,

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from psycopg.rows import dict_row
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from qforge.commands.errors import Invalid
 from qforge.events import store
@@ -39,9 +39,9 @@ class KeySettingsSpec(BaseModel):
                     " null: each job's own concurrency_limit")
     weight: StrictInt = Field(default=1, ge=1, le=MAX_WEIGHT,
                               description="turns this fairness_key takes per rotation (default 1)")
-    rate_per_second: float | None = Field(default=None, gt=0, le=1_000_000,
-                                          description="claims per second of this key's jobs over all queues"
-                                                      " and workers; null: no limit")
+    rate_per_second: StrictFloat | None = Field(default=None, gt=0, le=1_000_000,  # strict: true is no rate
+                                                description="claims per second of this key's jobs over all"
+                                                            " queues and workers; null: no limit")
     burst: StrictInt | None = Field(default=None, ge=1, le=1_000_000,
                                     description="claims allowed at once after a quiet spell"
                                                 " (default: one second's worth, at least 1)")
