@@ -56,7 +56,7 @@ def test_a_one_slot_worker_alternates_keys_and_keys_set_centrally_hold(conn: psy
     assert changed.stdout.split("\n")[1].split()[:4] == ["B", "-", "-", "2"]
     a2 = [client.enqueue("slow", {"seconds": 0.02}, fairness_key="A", queue="w").id for _ in range(10)]
     b2 = [client.enqueue("slow", {"seconds": 0.02}, fairness_key="B", queue="w").id for _ in range(10)]
-    procs.worker("--concurrency", "1", "--queues", "w", "--name", "weighted")
+    procs.worker("--concurrency", "1", "--queues", "w", "--name", "weighted")  # after both are queued
     wait_for(lambda: all_done(conn, a2 + b2), timeout=60, message="the weighted jobs done")
     owner = {**{job: "A" for job in a2}, **{job: "B" for job in b2}}
     assert "".join(owner[job] for job in claim_order(conn, a2 + b2))[:12] == "ABBABBABBABB"
