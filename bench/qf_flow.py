@@ -7,10 +7,16 @@ Parts (run.py --parts flow runs them all; also usable alone):
             the drain, jobs with fairness keys; each variant in its own fresh database, the
             four claimed in turns, batch round by batch round
   fairness  key A: 100,000 jobs queued first; key B: 1 job/s; B's enqueue-to-start p99,
-            against B alone on an empty queue (real `qforge worker` processes)
+            against B alone on an empty queue (real `qforge worker` processes; --slots 1,500
+            runs it with workers of 1 and of 500 slots)
   rate      a queue limited to 50/s drained by 3 worker processes: claims per second over 60 s
 
     python bench/qf_flow.py --database-url postgresql://postgres@127.0.0.1:5432/postgres --parts claim
+
+--baseline-tree DIR (a checkout of another version, e.g. `git archive <main> | tar -x -C DIR`) adds
+the claim variant plain@base: plain jobs in a database migrated with DIR's schema, claimed in the
+same turns as the others (the claim's statement is this tree's; the bench checks that DIR's
+job_claim_plain is the same text, so the variant measures that version's plain claim).
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from common import percentile, summarize  # noqa: E402
 from qf_history import backend_cpu_ns, claim_side_by_side, recreate_database  # noqa: E402
 
 VARIANTS = ("plain", "keys", "rate", "fair")
+BASELINE = "plain@base"
+BASELINE_TREE: Path | None = None  # --baseline-tree
 KEYS = 20  # distinct concurrency / fairness keys in the claim variants
 # Scratch databases are PREFIX_<variant> (--db-prefix: engineers sharing one server must not drop
 # each other's databases).
@@ -55,7 +63,7 @@ def _fill(admin_url: str, variant: str, jobs: int) -> str:
     """A fresh database holding `jobs` pending jobs of one variant (and, for "rate", the queue's limit)."""
     from qforge.commands.enqueue import enqueue
 
-    url = recreate_database(admin_url, f"{DB_PREFIX}_{variant}")
+    url = _database(admin_url, f"{DB_PREFIX}_{variant.replace('@', '_')}", variant)
     with psycopg.connect(url, autocommit=True) as conn:
         for lo in range(0, jobs, 1000):
             enqueue(conn, _specs(variant, min(1000, jobs - lo)), actor="bench")
@@ -65,6 +73,40 @@ def _fill(admin_url: str, variant: str, jobs: int) -> str:
         conn.execute("ANALYZE jobs")
         conn.execute("CHECKPOINT")
     return url
+
+
+def _database(admin_url: str, name: str, variant: str) -> str:
+    """A fresh migrated database: with this tree's schema, or for plain@base with the baseline's."""
+    if variant != BASELINE:
+        return recreate_database(admin_url, name)
+    from common import recreate
+    from qforge.migrate import load_source, migrate
+
+    if BASELINE_TREE is None:
+        raise SystemExit(f"{BASELINE} needs --baseline-tree")
+    url = recreate(admin_url, name)
+    with psycopg.connect(url, autocommit=True) as conn:
+        migrate(conn, load_source(BASELINE_TREE / "migrations", state_machine=True))
+    return url
+
+
+def same_plain_claim(tree: Path) -> bool:
+    """Whether `tree`'s plain claim (job_claim_plain and what it includes) is this tree's, text for text."""
+    import re
+
+    from qforge.sql import QUERIES
+
+    text = (tree / "app" / "sql" / "jobs.sql").read_text()
+    theirs = dict(re.findall(r"^-- name: (\w+)\n(.*?)(?=^-- name: |\Z)", text, re.S | re.M))
+    return all(theirs.get(name, "").strip() == _raw(name).strip()
+               for name in ("job_claim_plain", "job_claim_record", "job_claim_plan")) and bool(QUERIES)
+
+
+def _raw(name: str) -> str:
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "app" / "sql" / "jobs.sql").read_text()
+    return dict(re.findall(r"^-- name: (\w+)\n(.*?)(?=^-- name: |\Z)", text, re.S | re.M))[name]
 
 
 def claim_variants(admin_url: str, variants: tuple[str, ...], jobs: int) -> dict[str, dict[str, float]]:
@@ -90,7 +132,7 @@ def claim_variants(admin_url: str, variants: tuple[str, ...], jobs: int) -> dict
             compactor.join()
         with psycopg.connect(admin_url, autocommit=True) as admin:
             for variant in variants:
-                admin.execute(f'DROP DATABASE IF EXISTS "{DB_PREFIX}_{variant}" WITH (FORCE)')
+                admin.execute(f'DROP DATABASE IF EXISTS "{DB_PREFIX}_{variant.replace("@", "_")}" WITH (FORCE)')
     return {variant: {"jobs_per_s": figures["jobs_per_s"],
                       "postgres_cpu_us_per_job": figures["server_cpu_us_per_job"]}
             for variant, figures in measured.items()}
@@ -141,6 +183,11 @@ def run_claim(admin_url: str, jobs: int, repeat: int, variants: tuple[str, ...] 
         if variant != "plain" and "plain" in raw:
             out[variant]["ratio_to_plain"] = statistics.median(
                 r["jobs_per_s"] / p["jobs_per_s"] for r, p in zip(raw[variant], raw["plain"]))
+    if BASELINE in raw and "plain" in raw:
+        # this tree's plain claim against the baseline's, PostgreSQL CPU per job (> 1: costs more)
+        out["plain"]["cpu_ratio_to_base"] = statistics.median(
+            p["postgres_cpu_us_per_job"] / b["postgres_cpu_us_per_job"] for p, b in zip(raw["plain"], raw[BASELINE]))
+        out["plain"]["same_claim_statement_as_base"] = same_plain_claim(BASELINE_TREE)
     return out
 
 
@@ -164,7 +211,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             proc.kill()
 
 
-def _b_latencies(url: str, backlog: int, samples: int) -> dict[str, Any]:
+def _b_latencies(url: str, backlog: int, samples: int, slots: int = 8, workers: int = 2) -> dict[str, Any]:
     """Enqueue `backlog` jobs of key A, then one job of key B a second; B's enqueue-to-claim seconds."""
     from qforge.commands.enqueue import JobSpec, enqueue
 
@@ -173,7 +220,7 @@ def _b_latencies(url: str, backlog: int, samples: int) -> dict[str, Any]:
             enqueue(conn, [JobSpec(task="bench_noop", fairness_key="A") for _ in range(min(1000, backlog - lo))],
                     actor="bench")
         conn.execute("ANALYZE jobs")
-        workers = [_worker(url, f"fair-{n}") for n in range(2)]
+        workers = [_worker(url, f"fair-{n}", concurrency=slots) for n in range(workers)]
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and conn.execute(
@@ -204,7 +251,8 @@ def _latency_figures(latencies_ms: list[float]) -> dict[str, float]:
             "p99_ms": percentile(sorted(latencies_ms), 0.99), "max_ms": max(latencies_ms)}
 
 
-def run_fairness(admin_url: str, backlog: int, samples: int, repeat: int) -> dict[str, Any]:
+def run_fairness(admin_url: str, backlog: int, samples: int, repeat: int, slots: int = 8,
+                 workers: int = 2) -> dict[str, Any]:
     """`repeat` rounds of B's `samples` jobs on an empty queue and behind A's backlog. A p99 of 100
     samples is their second largest, so the figures pool the rounds' samples (p99 of repeat x samples
     per case); each round's own ratio is kept beside them."""
@@ -212,7 +260,7 @@ def run_fairness(admin_url: str, backlog: int, samples: int, repeat: int) -> dic
     rounds = []
     for _ in range(repeat):
         got = {case: _b_latencies(recreate_database(admin_url, f"{DB_PREFIX}_fair_{case}"),
-                                  backlog if case == "loaded" else 0, samples)
+                                  backlog if case == "loaded" else 0, samples, slots, workers)
                for case in ("empty", "loaded")}
         for case, answer in got.items():
             cases[case] += answer["latencies_ms"]
@@ -224,7 +272,8 @@ def run_fairness(admin_url: str, backlog: int, samples: int, repeat: int) -> dic
         for name in (f"{DB_PREFIX}_fair_empty", f"{DB_PREFIX}_fair_loaded"):
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     empty, loaded = _latency_figures(cases["empty"]), _latency_figures(cases["loaded"])
-    return {"backlog_of_a": backlog, "empty": empty, "loaded": loaded, "rounds": rounds,
+    return {"backlog_of_a": backlog, "workers": workers, "slots": slots, "empty": empty, "loaded": loaded,
+            "rounds": rounds,
             "p99_ratio": loaded["p99_ms"] / max(empty["p99_ms"], 1e-9)}
 
 
@@ -287,10 +336,16 @@ def markdown(results: dict[str, Any]) -> str:
                 rows.append(f"| claim+complete, {label} | {v['jobs_per_s']['median']:,.0f} jobs/s "
                             f"({v['ratio_to_plain']:.2f}x plain), {v['postgres_cpu_us_per_job']['median']:.0f} µs "
                             f"PostgreSQL CPU/job | >= 0.8x plain: {'met' if v['ratio_to_plain'] >= 0.8 else 'NOT met'} |")
-    fair = results.get("fairness")
-    if fair:
+        if "cpu_ratio_to_base" in plain:
+            ratio = plain["cpu_ratio_to_base"]
+            rows.append(f"| plain claim+complete, PostgreSQL CPU/job against {BASELINE} (same claim statement:"
+                        f" {plain['same_claim_statement_as_base']}) | {ratio:.3f}x | <= 1.05x:"
+                        f" {'met' if ratio <= 1.05 else 'NOT met'} |")
+    fairs = results.get("fairness")
+    for fair in (fairs.values() if fairs and "rounds" not in fairs else [fairs] if fairs else []):
         rounds = ", ".join(f"{r['p99_ratio']:.2f}x" for r in fair["rounds"])
-        rows.append(f"| fairness: B (1 job/s) enqueue-to-start p99, A's {fair['backlog_of_a']:,} jobs queued first"
+        rows.append(f"| fairness: B (1 job/s) enqueue-to-start p99, A's {fair['backlog_of_a']:,} jobs queued first,"
+                    f" {fair.get('workers', 2)} worker(s) of {fair.get('slots', 8)} slots"
                     f" ({fair['loaded']['samples']} samples in {len(fair['rounds'])} rounds)"
                     f" | {fair['loaded']['p99_ms']:.0f} ms (empty queue: {fair['empty']['p99_ms']:.0f} ms; "
                     f"{fair['p99_ratio']:.2f}x; rounds: {rounds})"
@@ -304,7 +359,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    global DB_PREFIX
+    global DB_PREFIX, BASELINE_TREE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--database-url", required=True, help="admin URL; databases are created beside it")
     parser.add_argument("--parts", default="claim,fairness,rate")
@@ -315,7 +370,13 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=100, help="B's jobs, one a second, per case")
     parser.add_argument("--rate-seconds", type=float, default=60)
     parser.add_argument("--db-prefix", default=DB_PREFIX, help="scratch databases: PREFIX_<variant>")
+    parser.add_argument("--slots", default="", help="fairness part: worker slots per case, e.g. 1,500"
+                                                    " (default: 2 workers of 8)")
+    parser.add_argument("--fair-workers", type=int, default=None, help="workers per fairness case with --slots (1)")
+    parser.add_argument("--baseline-tree", type=Path, default=None,
+                        help="claim part: add plain@base, plain jobs on this checkout's schema")
     args = parser.parse_args()
+    BASELINE_TREE = args.baseline_tree
     DB_PREFIX = args.db_prefix
     parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
     if parts == ("cpu",):
@@ -323,8 +384,14 @@ def main() -> None:
         results = {"cpu": {v: [claim_cpu(args.database_url, v, args.jobs) for _ in range(args.repeat)]
                            for v in variants}}
     elif parts == ("claim",):
-        results = {"claim": run_claim(args.database_url, args.jobs, args.repeat,
-                                      tuple(v for v in args.variants.split(",") if v))}
+        variants = tuple(v for v in args.variants.split(",") if v)
+        if BASELINE_TREE is not None and BASELINE not in variants:
+            variants += (BASELINE,)
+        results = {"claim": run_claim(args.database_url, args.jobs, args.repeat, variants)}
+    elif parts == ("fairness",) and args.slots:
+        results = {"fairness": {f"{slots}_slots": run_fairness(args.database_url, args.backlog, args.samples,
+                                                               args.repeat, int(slots), args.fair_workers or 1)
+                                for slots in args.slots.split(",")}}
     else:
         results = run(args.database_url, parts=parts, jobs=args.jobs, repeat=args.repeat, backlog=args.backlog,
                       samples=args.samples, rate_seconds=args.rate_seconds)

@@ -43,6 +43,8 @@ ROUTES: list[tuple[str, str, str]] = [
     ("POST", "/definitions/nobody/runs", "operate"),
     ("GET", "/schedules", "read"), ("GET", "/schedules/nobody", "read"), ("GET", "/schedules/nobody/events", "read"),
     ("POST", "/schedules", "admin"), ("PATCH", "/schedules/nobody", "admin"), ("DELETE", "/schedules/nobody", "admin"),
+    ("GET", "/keys", "read"), ("GET", "/keys/nobody", "read"), ("GET", "/keys/nobody/events", "read"),
+    ("PUT", "/keys/nobody", "admin"),
 ]
 PUBLIC = [("GET", "/healthz"), ("GET", "/js/states.js"), ("GET", "/favicon.ico")]
 SCOPES = ("read", "operate", "admin")

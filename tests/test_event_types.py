@@ -22,7 +22,7 @@ T0 = datetime(2031, 1, 1, tzinfo=timezone.utc)
 def test_models_state_machine_and_dashboard_name_the_same_event_types() -> None:
     # schedules, queue settings and stored definitions have no status machine (their folds
     # keep settings, or versions of a document)
-    assert set(states.MACHINES) == set(ev.STREAM_TYPES) - {"schedule", "queue", "definition"}
+    assert set(states.MACHINES) == set(ev.STREAM_TYPES) - {"schedule", "queue", "key", "definition"}
     for machine in states.MACHINES:
         in_table = {event_type for (_, event_type) in states.MACHINES[machine]}
         assert in_table == {name for name, m in ev.EVENT_DATA.items() if m.stream_type == machine}, machine

@@ -289,11 +289,12 @@ def test_fairness_takes_keys_round_robin_on_a_mixed_backlog(conn: psycopg.Connec
     plain = [make_job(conn, now=T0 + timedelta(seconds=2))]
     urgent = make_job(conn, fairness_key="big", priority=1, now=T0 + timedelta(seconds=3))
     order = [c.id for c in claim(conn, ["default"], 8, "w", now=T0 + timedelta(seconds=5))]
-    # the higher priority first; then one job per key in turn while keys have jobs. A
-    # claim takes at most its share of the batch from each fairness key (8 / 2 keys):
+    # the higher priority first; then one job per key in turn while keys have jobs (urgent
+    # was big's first turn; jobs without a key count as one more key). A claim takes at
+    # most its share of the batch from each fairness key (8 / 3 keys, and a turn more):
     # big's fifth job waits for the next claim.
-    assert order == [urgent, big[0], small[0], plain[0], big[1], small[1], big[2]]
-    assert [c.id for c in claim(conn, ["default"], 2, "w", now=T0 + timedelta(seconds=5))] == [big[3], big[4]]
+    assert order == [urgent, plain[0], small[0], big[0], small[1], big[1], big[2]]
+    assert [c.id for c in claim(conn, ["default"], 2, "w", now=T0 + timedelta(seconds=6))] == [big[3], big[4]]
 
 
 def _generic_plan_indexes(conn: psycopg.Connection, query: str, params: dict, cte: str) -> set[str]:

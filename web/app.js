@@ -9,6 +9,7 @@ import { mountWorkflow } from "./js/workflow.js";
 import { mountQueues } from "./js/queues.js";
 import { mountWorkers } from "./js/workers.js";
 import { mountSchedules } from "./js/schedules.js";
+import { mountKeys } from "./js/keys.js";
 import { mountOverview } from "./js/overview.js";
 import { mountList } from "./js/lists.js";
 import { mountNew } from "./js/forms.js";
@@ -27,6 +28,7 @@ const ROUTES = [
   [/^\/queues$/, "queues", (el) => mountQueues(el)],
   [/^\/workers$/, "workers", (el) => mountWorkers(el)],
   [/^\/schedules$/, "schedules", (el) => mountSchedules(el)],
+  [/^\/keys$/, "keys", (el) => mountKeys(el)],
 ];
 
 const main = document.getElementById("main");

@@ -16,8 +16,8 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qforge import tracing
-from qforge.api import (compat, dashboard_states, definitions, errors, events, executions, jobs, operations,
-                        queues, schedules, stats, tokens, workflows)
+from qforge.api import (compat, dashboard_states, definitions, errors, events, executions, jobs, keys,
+                        operations, queues, schedules, stats, tokens, workflows)
 from qforge.api.auth import api_routes, authorize, refuse_unguarded
 from qforge.api.consistency import WriteLsnHeaders
 from qforge.api.deps import Resources
@@ -194,7 +194,7 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
     protected = [Depends(authorize)]
     for router in (jobs.router, workflows.router, definitions.router, compat.router, events.router,
                    executions.router, operations.router, tokens.router, queues.router, schedules.router,
-                   stats.router):
+                   stats.router, keys.router):
         app.include_router(router, dependencies=protected)
     app.include_router(operations.health_router)
 

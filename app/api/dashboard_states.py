@@ -40,6 +40,7 @@ EVENT_COLOUR_OVERRIDES = {ev.Failed.type: states.FAILED, ev.Retried.type: states
                           ev.ScheduleFired.type: states.SUCCEEDED, ev.ScheduleSkipped.type: states.SKIPPED,
                           ev.ScheduleDeleted.type: states.CANCELLED, ev.QueueConfigured.type: states.PENDING,
                           ev.QueuePaused.type: states.WAITING, ev.QueueResumed.type: states.RUNNING,
+                          ev.KeyConfigured.type: states.PENDING,
                           ev.StepReopened.type: states.PENDING,
                           # a stored definition's new version: no status of a run
                           ev.DefinitionStored.type: states.SUCCEEDED}

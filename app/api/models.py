@@ -305,3 +305,23 @@ class Pods(BaseModel):
     total: int = Field(description="live worker slots")
     available: int = Field(description="free slots")
     leased: list[str] = Field(description="names of busy slots")
+
+
+# --------------------------------------------------------------------------- keys (PUT/GET /keys)
+
+class KeyView(BaseModel):
+    key: str
+    configured: bool  # false: nothing set here, the key runs as its jobs say
+    concurrency_limit: int | None  # configured; null: each job's own concurrency_limit
+    weight: int
+    rate_per_second: float | None
+    burst: int | None
+    concurrency_limit_in_force: int | None  # what the claim applies now (null: no job used the key yet)
+    running: int  # jobs of the key running now
+    fairness_claimed: int  # jobs of the fairness key claimed so far (the rotation's count)
+    updated_at: datetime | None
+
+
+class KeyList(BaseModel):
+    items: list[KeyView]
+    next: str | None = None

@@ -162,6 +162,39 @@ def _token_arguments(parser: argparse.ArgumentParser) -> None:
     revoke.add_argument("name")
 
 
+def _optional_number(kind: type) -> Callable[[str], "int | float | None"]:
+    """A number, or `none` (clears the setting)."""
+    def parse(value: str) -> "int | float | None":
+        if value.lower() in ("none", "null"):
+            return None
+        try:
+            return kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number (or none): {value!r}") from None
+    return parse
+
+
+def _keys_arguments(parser: argparse.ArgumentParser) -> None:
+    def common(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--api-url", default="http://127.0.0.1:8090",
+                         help="the running API (the token comes from QFORGE_API_TOKEN)")
+        sub.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of a table")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    common(actions.add_parser("list", help="configured keys and the keys jobs used: limits, weights, running"))
+    show = actions.add_parser("show", help="one key")
+    show.add_argument("key")
+    common(show)
+    change = actions.add_parser("set", help="set a key's limits (those not given keep their value)")
+    change.add_argument("key")
+    change.add_argument("--concurrency-limit", type=_optional_number(int), default=argparse.SUPPRESS,
+                        help="jobs of this concurrency key running at once (none: each job's own)")
+    change.add_argument("--weight", type=int, default=argparse.SUPPRESS, help="turns of this fairness key per rotation")
+    change.add_argument("--rate-per-second", type=_optional_number(float), default=argparse.SUPPRESS,
+                        help="claims per second of this key's jobs over all queues (none: no limit)")
+    change.add_argument("--burst", type=int, default=argparse.SUPPRESS, help="claims allowed at once after a quiet spell")
+    common(change)
+
+
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-url", default="http://127.0.0.1:8090", help="the running API to talk to")
 
@@ -183,6 +216,8 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("history", "print an execution's events, from the archive and the live log", "history",
                _history_arguments),
     Subcommand("token", "create, list and revoke API tokens", "token", _token_arguments),
+    Subcommand("keys", "concurrency and fairness keys over the API: list, show, set limits", "keys",
+               _keys_arguments),
     Subcommand("demo", "enqueue sample jobs and a DAG workflow against a running API", "demo",
                _demo_arguments),
 ]

@@ -9,6 +9,7 @@ there is no second copy of either.
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Callable
 from uuid import UUID
@@ -18,6 +19,7 @@ from pydantic import BaseModel
 from qforge.api import models
 from qforge.client.errors import Invalid, JobFailed
 from qforge.commands import errors
+from qforge.commands.keys import KeySettingsSpec
 from qforge.commands.specs import JobSpec, WorkflowSpec, parse_spec
 from qforge.events.states import JOB_FINISHED, SUCCEEDED
 
@@ -146,6 +148,30 @@ class Routes:
 
     def health(self):
         return self._call(Call("GET", "/healthz", _model(models.Health)))
+
+    # keys (flow control) ---------------------------------------------------
+    def keys(self, *, limit: int | None = None, cursor: str | None = None):
+        """Configured keys and the keys jobs used, by name: a list of KeyView (one page; limit up to 500)."""
+        return self._call(Call("GET", "/keys", _items(models.KeyList), params=query(limit=limit, cursor=cursor)))
+
+    def key(self, name: str):
+        """One key's settings, the limit in force and what runs (KeyView; NotFound if never seen)."""
+        return self._call(Call("GET", f"/keys/{_segment(name)}", _model(models.KeyView)))
+
+    def set_key(self, name: str, **settings: Any):
+        """PUT /keys/{name} -> KeyView. Settings: concurrency_limit (None: each job's own), weight,
+        rate_per_second (None: no limit), burst; those not given keep their value."""
+        body = validated(KeySettingsSpec, settings)
+        return self._call(Call("PUT", f"/keys/{_segment(name)}", _model(models.KeyView), body=body))
+
+    def key_events(self, name: str):
+        """The key's KeyConfigured events, oldest first."""
+        return self._call(Call("GET", f"/keys/{_segment(name)}/events", _events))
+
+
+def _segment(value: str) -> str:
+    """A path segment: a key may hold characters a URL path gives a meaning to."""
+    return urllib.parse.quote(value, safe="")
 
 
 def job_outcome(job: Any) -> tuple[bool, Any]:

@@ -312,6 +312,19 @@ class QueueResumed(EventData):
     queue: str
 
 
+class KeyConfigured(EventData):
+    """A key's limits, set centrally (PUT /keys/{key}), whole: concurrency_limit (null: each job's
+    own) for jobs with this concurrency_key, weight (turns per rotation) for jobs with this
+    fairness_key, rate_per_second / burst (null: none) for either, over all queues."""
+    type = "KeyConfigured"
+    stream_type = "key"
+    key: str
+    concurrency_limit: int | None = None
+    weight: int = 1
+    rate_per_second: float | None = None
+    burst: int | None = None
+
+
 class WorkflowResumed(EventData):
     """A failed or cancelled workflow runs again: `steps` are reopened (StepReopened, same
     transaction); every other step keeps its status and output."""
@@ -344,15 +357,16 @@ EVENT_DATA: dict[str, type[EventData]] = {
         TokenCreated, TokenRevoked,
         ScheduleCreated, ScheduleUpdated, SchedulePaused, ScheduleResumed, ScheduleFired,
         ScheduleSkipped, ScheduleDeleted, QueueConfigured, QueuePaused, QueueResumed,
+        KeyConfigured,
     )
 }
 EVENT_TYPES = frozenset(EVENT_DATA)
 JOB_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "job")
 WORKFLOW_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "workflow")
 TOKEN_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "token")
-FLOW_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type in ("schedule", "queue"))
+FLOW_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type in ("schedule", "queue", "key"))
 DEFINITION_EVENT_TYPES = frozenset(name for name, m in EVENT_DATA.items() if m.stream_type == "definition")
-STREAM_TYPES = ("job", "workflow", "definition", "token", "schedule", "queue")
+STREAM_TYPES = ("job", "workflow", "definition", "token", "schedule", "queue", "key")
 
 
 def _failed_v1(data: dict[str, Any]) -> dict[str, Any]:

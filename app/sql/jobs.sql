@@ -160,9 +160,14 @@ SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_se
 -- rate-limited queue's tokens come from one shard of its bucket, locked
 -- (queue_buckets_take), and bound that queue's share; jobs with a concurrency
 -- key come only from keys with a free slot (the key's row is locked), at most
--- the free slots each; jobs with a fairness key come per key, and within a
--- priority the claim takes them round-robin across keys (jobs without a key
--- count as one more key).
+-- the free slots each (the key's configured concurrency_limit, else its jobs');
+-- a rate-limited key (key_settings) spends its own bucket, locked in key order;
+-- jobs with a fairness key come per key, and within a priority the claim takes
+-- them in the order of the queue's rotation (fairness_turns, migration 0020):
+-- the i-th job of a key in this claim stands at the key's pass + i / weight,
+-- the smallest first, and the passes move on by what the claim took, so the
+-- next claim, of any size, continues where this one left off. Jobs without a
+-- fairness key stand at the front of the rotation (as one more key).
 WITH RECURSIVE clock AS MATERIALIZED (
     SELECT coalesce(%(now)s::timestamptz, now()) AS at
 ), flow AS MATERIALIZED (
@@ -178,7 +183,7 @@ WITH RECURSIVE clock AS MATERIALIZED (
                                           ELSE coalesce(b.allowed, 0) END) AS allowed
       FROM flow f LEFT JOIN bucket b ON b.queue = f.queue
 ), plain AS MATERIALIZED (
-    SELECT c.*
+    SELECT c.*, 'p'::text AS kind, ''::text AS rot
       FROM quota qu
      CROSS JOIN LATERAL (
             SELECT j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
@@ -196,43 +201,18 @@ WITH RECURSIVE clock AS MATERIALIZED (
     -- (a scalar subquery: as EXISTS the planner would hash all keyed jobs).
     -- The releases are summed in one pass (per key, the generic plan scanned
     -- them all again for every key: most of a keyed claim's CPU between two
-    -- compactions).
+    -- compactions). A key's limit is its configured one, else its jobs'.
     SELECT s.key, coalesce(r.released, 0) AS released
       FROM concurrency_slots s
       LEFT JOIN (SELECT x.key, sum(x.released) AS released FROM concurrency_releases x GROUP BY x.key) r
              ON r.key = s.key
-     WHERE s.lim - s.claimed + coalesce(r.released, 0) > 0
+      LEFT JOIN key_settings ks ON ks.key = s.key
+     WHERE coalesce(ks.concurrency_limit, s.lim) - s.claimed + coalesce(r.released, 0) > 0
        AND (SELECT true FROM jobs j WHERE j.status = 'pending' AND j.concurrency_key = s.key
                AND j.queue = ANY(%(queues)s::text[])
              -- from the key's newest entries: its oldest are the jobs claimed since
              -- the last vacuum, dead, and a forward probe walked them all
              ORDER BY j.priority, j.run_at DESC, j.id DESC LIMIT 1)
-), slots AS MATERIALIZED (
-    -- Half of them at most, locked SKIP LOCKED in random order (a key in
-    -- another claim is passed over, never waited for; two claimers at once
-    -- share the keys). A key's claimed count is read from its locked row (the
-    -- newest), so the limit holds.
-    SELECT s.key, s.lim - s.claimed + r.released AS free
-      FROM concurrency_slots s JOIN ready r ON r.key = s.key
-     WHERE s.lim - s.claimed + r.released > 0
-     ORDER BY random()
-     LIMIT (SELECT ceil(count(*) / 2.0) FROM ready)
-       FOR UPDATE OF s SKIP LOCKED
-), keyed AS MATERIALIZED (
-    SELECT c.*
-      FROM slots s
-     CROSS JOIN LATERAL (
-            SELECT j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
-                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain, j.fairness_key, j.trace
-              FROM jobs j
-             WHERE j.status = 'pending' AND j.concurrency_key = s.key
-               AND j.queue IN (SELECT queue FROM quota WHERE allowed > 0)
-               AND j.run_at <= (SELECT at FROM clock)
-             ORDER BY j.priority DESC, j.run_at, j.id
-             -- a share of the batch per key: locking `limit` rows of every key
-             -- to keep `limit` of them all would cost a lock per row for nothing
-             LIMIT least(s.free, ceil(%(limit)s::float8 / (SELECT count(*) FROM slots))::integer)
-               FOR UPDATE SKIP LOCKED) c
 ), tenants(queue, key) AS (
     -- per queue, the fairness keys with pending jobs: a skip scan of jobs_claim_fair
     -- (ORDER BY ... LIMIT 1 rather than max(): the planner then knows each step is
@@ -251,14 +231,73 @@ WITH RECURSIVE clock AS MATERIALIZED (
                         AND j.fairness_key < t.key AND j.concurrency_key IS NULL
                       ORDER BY j.fairness_key DESC LIMIT 1)
       FROM tenants t WHERE t.key IS NOT NULL
+), key_bucket AS MATERIALIZED (
+    -- The rate-limited keys in reach: their buckets, refilled to now and locked in
+    -- key order (a key's rate holds over all queues, so its claimers take turns).
+    -- key_settings is small, and without rate-limited keys this finds nothing.
+    SELECT k.key, x.tokens, floor(x.tokens)::integer AS allowed
+      FROM key_settings k
+      JOIN key_buckets b ON b.key = k.key
+     CROSS JOIN LATERAL (SELECT bucket_tokens_at(k.burst, k.rate_per_second, 1, b.tokens, b.refilled_at,
+                                                 (SELECT at FROM clock)) AS tokens) x
+     WHERE k.rate_per_second IS NOT NULL
+       AND (k.key IN (SELECT r.key FROM ready r) OR k.key IN (SELECT t.key FROM tenants t))
+     ORDER BY k.key
+       FOR UPDATE OF b
+), slots AS MATERIALIZED (
+    -- Half of them at most, locked SKIP LOCKED in random order (a key in
+    -- another claim is passed over, never waited for; two claimers at once
+    -- share the keys). A key's claimed count is read from its locked row (the
+    -- newest), so the limit holds.
+    SELECT s.key, least(coalesce(ks.concurrency_limit, s.lim) - s.claimed + r.released,
+                        coalesce(kb.allowed, %(limit)s)) AS free
+      FROM concurrency_slots s JOIN ready r ON r.key = s.key
+      LEFT JOIN key_settings ks ON ks.key = s.key
+      LEFT JOIN key_bucket kb ON kb.key = s.key
+     WHERE coalesce(ks.concurrency_limit, s.lim) - s.claimed + r.released > 0
+       AND coalesce(kb.allowed, 1) > 0
+     ORDER BY random()
+     LIMIT (SELECT ceil(count(*) / 2.0) FROM ready)
+       FOR UPDATE OF s SKIP LOCKED
+), keyed AS MATERIALIZED (
+    SELECT c.*, 'c'::text AS kind, s.key AS rot
+      FROM slots s
+     CROSS JOIN LATERAL (
+            SELECT j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
+                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain, j.fairness_key, j.trace
+              FROM jobs j
+             WHERE j.status = 'pending' AND j.concurrency_key = s.key
+               AND j.queue IN (SELECT queue FROM quota WHERE allowed > 0)
+               AND j.run_at <= (SELECT at FROM clock)
+             ORDER BY j.priority DESC, j.run_at, j.id
+             -- a share of the batch per key: locking `limit` rows of every key
+             -- to keep `limit` of them all would cost a lock per row for nothing
+             LIMIT least(s.free, ceil(%(limit)s::float8 / (SELECT count(*) FROM slots))::integer)
+               FOR UPDATE SKIP LOCKED) c
+), turns AS MATERIALIZED (
+    -- each fairness key's place in its queue's rotation: its pass, but at most one
+    -- turn behind the furthest key here (a key back after a pause has no credit from
+    -- long ago; a new key starts there too), and its weight
+    SELECT t.queue, t.key, 1.0::float8 / coalesce(ks.weight, 1) AS stride, f.served_at,
+           coalesce(greatest(f.pass, max(f.pass) OVER (PARTITION BY t.queue) - 1), 0) AS pass,
+           coalesce(ks.weight, 1)::float8 / sum(coalesce(ks.weight, 1)) OVER (PARTITION BY t.queue) AS portion
+      FROM (SELECT x.queue, x.key FROM tenants x WHERE x.key IS NOT NULL
+            UNION ALL
+            -- the jobs without a fairness key, as one more key ('', a name no key has)
+            SELECT DISTINCT x.queue, '' FROM tenants x WHERE x.key IS NOT NULL) t
+      LEFT JOIN key_settings ks ON ks.key = t.key
+      LEFT JOIN fairness_turns f ON f.queue = t.queue AND f.key = t.key
 ), shares AS MATERIALIZED (
-    -- each key's share of its queue's batch (counted once per queue, not per key)
-    SELECT t.queue, t.key, ceil(qu.allowed::float8 / count(*) OVER (PARTITION BY t.queue))::integer AS share
-      FROM tenants t
+    -- each key's share of its queue's batch, by weight (one more job than its portion:
+    -- a key ahead in the rotation may take a turn more than its portion), and no more
+    -- than a rate-limited key's tokens
+    SELECT t.*, least(qu.allowed, ceil(qu.allowed * t.portion)::integer + 1,
+                      coalesce(kb.allowed, qu.allowed)) AS share
+      FROM turns t
       JOIN quota qu ON qu.queue = t.queue
-     WHERE t.key IS NOT NULL
+      LEFT JOIN key_bucket kb ON kb.key = t.key
 ), fair AS MATERIALIZED (
-    SELECT c.*
+    SELECT c.*, 'f'::text AS kind, t.key AS rot
       FROM shares t
      CROSS JOIN LATERAL (
             SELECT j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
@@ -271,27 +310,65 @@ WITH RECURSIVE clock AS MATERIALIZED (
              -- the key's share of the batch (see keyed)
              LIMIT t.share
                FOR UPDATE SKIP LOCKED) c
-), ranked AS (
-    -- turn: the job's place among its key's jobs of the same priority
-    SELECT c.*, row_number() OVER (PARTITION BY c.fairness_key, c.priority ORDER BY c.run_at, c.id) AS turn
+     WHERE t.share > 0 AND t.key <> ''
+), front AS MATERIALIZED (
+    -- per queue, the front of the rotation: where jobs with a concurrency key stand
+    SELECT s.queue, min(s.pass) AS pass FROM shares s GROUP BY s.queue
+), numbered AS (
+    -- nth: the job's place among its key's jobs in this claim
+    SELECT c.*, row_number() OVER (PARTITION BY c.queue, c.kind, c.rot
+                                   ORDER BY c.priority DESC, c.run_at, c.id) - 1 AS nth
       FROM (SELECT * FROM plain UNION ALL SELECT * FROM keyed UNION ALL SELECT * FROM fair) c
+), ranked AS (
+    -- vstart: the job's place in the rotation, its key's pass plus a stride per job of
+    -- the key before it in this claim (rounded: strides of 1/3 must add up to 1 exactly).
+    -- Ties go to a key's first job in this claim, then to the key served least recently.
+    SELECT c.*, round((coalesce(s.pass, fr.pass, 0) + c.nth * coalesce(s.stride, 1))::numeric, 9) AS vstart,
+           s.served_at AS key_served_at
+      FROM numbered c
+      LEFT JOIN shares s ON c.kind IN ('f', 'p') AND s.queue = c.queue AND s.key = c.rot
+      LEFT JOIN front fr ON fr.queue = c.queue
 ), placed AS (
-    SELECT r.*, row_number() OVER (PARTITION BY r.queue ORDER BY r.priority DESC, r.turn, r.run_at, r.id)
-                AS place
+    -- place: in its queue's batch; keyplace: among its key's jobs of every queue (a key's rate
+    -- bounds them all)
+    SELECT r.*, row_number() OVER (PARTITION BY r.queue ORDER BY r.priority DESC, r.vstart, r.nth,
+                                   r.key_served_at NULLS FIRST, r.rot, r.run_at, r.id) AS place,
+           row_number() OVER (PARTITION BY r.kind = 'p', r.rot ORDER BY r.priority DESC, r.vstart, r.nth,
+                              r.run_at, r.id) AS keyplace
       FROM ranked r
 ), picked AS MATERIALIZED (
     SELECT p.*, jsonb_build_object('attempt', p.attempts + 1) AS data
       FROM placed p JOIN quota qu ON qu.queue = p.queue
-     WHERE p.place <= qu.allowed
-     ORDER BY p.priority DESC, p.turn, p.run_at, p.id
+      LEFT JOIN key_bucket kb ON kb.key = p.rot AND p.kind <> 'p'
+     WHERE p.place <= qu.allowed AND p.keyplace <= coalesce(kb.allowed, %(limit)s)
+     ORDER BY p.priority DESC, p.vstart, p.nth, p.key_served_at NULLS FIRST, p.rot, p.run_at, p.id
      LIMIT %(limit)s
 ), claimed AS (
     -- include: job_claim_record
+), turned AS (
+    -- the rotation moves on by what this claim took (a concurrent claim of the same
+    -- key waits for this one's row and adds its own share to the newest pass)
+    INSERT INTO fairness_turns AS f (queue, key, pass, stride, taken, served_at)
+    SELECT p.queue, p.rot, s.pass + count(*) * s.stride, s.stride, count(*), (SELECT at FROM clock)
+      FROM picked p JOIN shares s ON s.queue = p.queue AND s.key = p.rot
+     WHERE p.kind IN ('f', 'p')
+     GROUP BY p.queue, p.rot, s.pass, s.stride
+     ORDER BY p.queue, p.rot
+    ON CONFLICT (queue, key) DO UPDATE
+       SET pass = greatest(f.pass, excluded.pass - excluded.taken * excluded.stride)
+                  + excluded.taken * excluded.stride,
+           stride = excluded.stride, taken = f.taken + excluded.taken, served_at = excluded.served_at
+), key_spent AS (
+    UPDATE key_buckets b
+       SET tokens = k.tokens - (SELECT count(*) FROM picked p WHERE p.rot = k.key AND p.kind <> 'p'),
+           refilled_at = (SELECT at FROM clock)
+      FROM key_bucket k
+     WHERE b.key = k.key
 )
 SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_seconds,
        p.workflow_id, p.step, p.tags, p.trace
   FROM picked p
- ORDER BY p.priority DESC, p.turn, p.run_at, p.id
+ ORDER BY p.priority DESC, p.vstart, p.nth, p.key_served_at NULLS FIRST, p.rot, p.run_at, p.id
 
 -- name: job_heartbeat
 -- Fenced: only the current attempt of a running job may beat. Rows that do not
@@ -417,3 +494,12 @@ SELECT id, step_type, workflow_id, sleep_seconds FROM jobs
  WHERE status = 'waiting' AND run_at <= coalesce(%(now)s::timestamptz, now())
  ORDER BY run_at
  LIMIT %(limit)s
+
+-- name: job_next_due
+-- When the earliest pending job of these queues that is not due yet comes due
+-- (epoch seconds), for the worker's timer when its listener (re)connects: the
+-- notifications of later enqueues and retries say so themselves. Walks the
+-- queues' pending jobs: once per connection, never per claim.
+SELECT extract(epoch FROM min(j.run_at))::float8 AS due
+  FROM jobs j
+ WHERE j.status = 'pending' AND j.queue = ANY(%(queues)s::text[]) AND j.run_at > now()

@@ -10,13 +10,15 @@ Each turn of the loop: heartbeat when due, then one transaction that writes
 the buffered results (when busy, results that finish during a round trip pile
 up and go in one statement) and claims as many jobs as there are free slots,
 then sleep until a job finishes, a notification arrives, a signal comes or a
-timer is due.
+timer is due. A notification of jobs due later (a delayed job, a retry) sets a
+timer on when they come due, so they start then, not at the next poll.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import heapq
 import logging
 import os
 import signal
@@ -37,6 +39,7 @@ from qforge.commands.claim import ClaimedJob, claim, plan_generically
 from qforge.commands.report import Outcome, Report
 from qforge.events.store import JOBS_CHANNEL
 from qforge.settings import Settings, get_settings
+from qforge.sql import q
 from qforge.workers.sandbox import TaskPolicy
 from qforge.workers import isolation, reporting
 from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, Reconnecting, connect_async, describe
@@ -48,6 +51,8 @@ log = logging.getLogger("qforge.worker")
 T = TypeVar("T")
 
 STATS_EVERY_SECONDS = 60.0
+# Due times of delayed jobs kept for timers (the earliest ones; the poll finds any beyond).
+MAX_TIMERS = 1000
 # How long a stopping worker keeps retrying its last reports while the database is away.
 FINAL_REPORT_RETRY_SECONDS = 30.0
 # Cancelled tasks get this long to clean up (a shell command's group gets SIGTERM, then SIGKILL after 2 s).
@@ -101,6 +106,7 @@ class Worker:
         self.failures: list[Report] = []
         self.claim_wanted = True
         self.retry_due: float | None = None  # monotonic time when a job this worker failed is due again
+        self.timers: list[float] = []  # heap: monotonic times when pending jobs of our queues come due
         self.stopping = False
         self.grace_deadline = float("inf")
         self.stats = Stats()
@@ -161,6 +167,9 @@ class Worker:
                 if now >= next_poll:
                     next_poll = now + poll
                     self.claim_wanted = True
+                while self.timers and self.timers[0] <= now:
+                    heapq.heappop(self.timers)
+                    self.claim_wanted = True
                 claim_limit = len(self.free_slots) if self.claim_wanted and not self.stopping else 0
                 if self.completions or self.failures or claim_limit:
                     await self._exchange(claim_limit)
@@ -187,7 +196,8 @@ class Worker:
                     or (self.stopping and not self.running)):
                 continue
             deadline = min(next_beat, next_poll, self.grace_deadline,
-                           self.retry_due if self.retry_due is not None else float("inf"))
+                           self.retry_due if self.retry_due is not None else float("inf"),
+                           self.timers[0] if self.timers else float("inf"))
             await self._sleep(deadline - time.monotonic())
 
     async def _sleep(self, seconds: float) -> None:
@@ -223,6 +233,15 @@ class Worker:
 
     def _want_claim(self) -> None:
         self.claim_wanted = True
+        self.wake.set()
+
+    def _due_at(self, epoch: float) -> None:
+        """Claim when a job due at `epoch` (seconds, the database's clock, which is this host's
+        or close to it) comes due: a timer in the loop, which recomputes its sleep on waking."""
+        # A millisecond late, so that the claim's now() is past the job's run_at.
+        heapq.heappush(self.timers, time.monotonic() + (epoch - time.time()) + 0.001)
+        if len(self.timers) > MAX_TIMERS:
+            self.timers = heapq.nsmallest(MAX_TIMERS // 2, self.timers)
         self.wake.set()
 
     async def _db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -443,9 +462,17 @@ class Worker:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(JOBS_CHANNEL)))
                     backoff.reset()
                     self._want_claim()  # whatever was notified while nobody listened
+                    due = await (await conn.execute(q("job_next_due"), {"queues": self.queues})).fetchone()
+                    if due and due[0] is not None:
+                        self._due_at(due[0])
                     async for note in conn.notifies():
-                        if note.payload in self.queue_set:
-                            self._want_claim()
+                        # "queue" (due now) or "queue epoch" (the earliest due then)
+                        queue, _, epoch = note.payload.partition(" ")
+                        if queue in self.queue_set:
+                            if epoch:
+                                self._due_at(float(epoch))
+                            else:
+                                self._want_claim()
                 finally:
                     await conn.close()
             except TRANSIENT_ERRORS as exc:

@@ -54,6 +54,7 @@ RETURNS bytea LANGUAGE sql STABLE PARALLEL SAFE AS $$
         WHEN 'workflow' THEN (SELECT w.chain FROM workflows w WHERE w.id = stream_id)
         WHEN 'schedule' THEN (SELECT s.chain FROM schedules s WHERE s.id = stream_id)
         WHEN 'queue' THEN (SELECT qs.chain FROM queue_settings qs WHERE qs.id = stream_id)
+        WHEN 'key' THEN (SELECT ks.chain FROM key_settings ks WHERE ks.id = stream_id)
         WHEN 'token' THEN (SELECT t.chain FROM tokens t WHERE t.id = stream_id)
         WHEN 'definition' THEN (SELECT d.chain FROM definitions d WHERE d.id = stream_id)
     END

@@ -8,8 +8,12 @@ CREATE OR REPLACE FUNCTION jobs_counted_insert() RETURNS trigger LANGUAGE plpgsq
 BEGIN
     INSERT INTO queue_count_deltas (queue, status, n)
     SELECT queue, status, count(*) FROM new_jobs GROUP BY queue, status;
-    -- Wake idle workers of the queues that just got claimable work.
-    PERFORM pg_notify('qforge_jobs', queue) FROM new_jobs WHERE status = 'pending' GROUP BY queue;
+    -- Wake idle workers of the queues that just got claimable work: "queue" when some of
+    -- it is due now, "queue epoch" (seconds) when the earliest is due later, so that
+    -- workers set a timer on it instead of finding it at their next poll.
+    PERFORM pg_notify('qforge_jobs', CASE WHEN min(run_at) <= now() THEN queue
+                                          ELSE queue || ' ' || extract(epoch FROM min(run_at)) END)
+       FROM new_jobs WHERE status = 'pending' GROUP BY queue;
     RETURN NULL;
 END $$;
 
@@ -18,16 +22,18 @@ DECLARE
     woken bigint;
 BEGIN
     WITH changed AS (
-        SELECT queue, status, sum(n) AS n
-          FROM (SELECT queue, status, -1 AS n FROM old_jobs
+        SELECT queue, status, sum(n) AS n, min(run_at) AS due
+          FROM (SELECT queue, status, -1 AS n, NULL::timestamptz AS run_at FROM old_jobs
                 UNION ALL
-                SELECT queue, status, 1 FROM new_jobs) x
+                SELECT queue, status, 1, run_at FROM new_jobs) x
          GROUP BY queue, status
         HAVING sum(n) <> 0
     ), written AS (
         INSERT INTO queue_count_deltas (queue, status, n) SELECT queue, status, n FROM changed
     )
-    SELECT count(pg_notify('qforge_jobs', queue)) INTO woken
+    -- as jobs_counted_insert: a retry due later names when (the earliest of the statement's)
+    SELECT count(pg_notify('qforge_jobs', CASE WHEN due <= now() THEN queue
+                                               ELSE queue || ' ' || extract(epoch FROM due) END)) INTO woken
       FROM changed WHERE status = 'pending' AND n > 0;
     RETURN NULL;
 END $$;

@@ -1,7 +1,8 @@
--- Flow control (issue 16): the fold of the schedule and queue streams, and the
+-- Flow control (issue 16): the fold of the schedule, queue and key streams, and the
 -- running counts of concurrency keys.
 
--- The fold of the schedule and queue streams into schedules / queue_settings.
+-- The fold of the schedule, queue and key streams into schedules / queue_settings /
+-- key_settings.
 -- A statement trigger on the log (so replay's feed table carries it, and
 -- `qforge replay --verify` compares the tables); most statements hold none of
 -- these events and leave after one look at the set. These streams are few and
@@ -11,11 +12,33 @@ DECLARE
     e record;
     found_rows bigint;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM new_events x WHERE x.stream_type IN ('schedule', 'queue')) THEN
+    IF NOT EXISTS (SELECT 1 FROM new_events x WHERE x.stream_type IN ('schedule', 'queue', 'key')) THEN
         RETURN NULL;
     END IF;
-    FOR e IN SELECT * FROM new_events x WHERE x.stream_type IN ('schedule', 'queue') ORDER BY x.position LOOP
-        IF e.stream_type = 'queue' AND e.version = 1 THEN
+    FOR e IN SELECT * FROM new_events x WHERE x.stream_type IN ('schedule', 'queue', 'key') ORDER BY x.position LOOP
+        IF e.stream_type = 'key' THEN
+            -- KeyConfigured carries the key's whole settings (its only event type)
+            IF e.type <> 'KeyConfigured' THEN
+                RAISE EXCEPTION 'a key stream holds KeyConfigured events, not %', e.type;
+            END IF;
+            IF e.version = 1 THEN
+                INSERT INTO key_settings (id, key, version, concurrency_limit, weight, rate_per_second, burst,
+                                          updated_at, last_position, chain)
+                VALUES (e.stream_id, e.data ->> 'key', 1, (e.data ->> 'concurrency_limit')::integer,
+                        coalesce((e.data ->> 'weight')::integer, 1), (e.data ->> 'rate_per_second')::float8,
+                        (e.data ->> 'burst')::integer, e.occurred_at, e.position, e.hash);
+                found_rows := 1;
+            ELSE
+                UPDATE key_settings k SET
+                    version = e.version, updated_at = e.occurred_at, last_position = e.position, chain = e.hash,
+                    concurrency_limit = (e.data ->> 'concurrency_limit')::integer,
+                    weight = coalesce((e.data ->> 'weight')::integer, 1),
+                    rate_per_second = (e.data ->> 'rate_per_second')::float8,
+                    burst = (e.data ->> 'burst')::integer
+                 WHERE k.id = e.stream_id AND k.version = e.version - 1;
+                GET DIAGNOSTICS found_rows = ROW_COUNT;
+            END IF;
+        ELSIF e.stream_type = 'queue' AND e.version = 1 THEN
             INSERT INTO queue_settings (id, queue, version, paused, rate_per_second, burst, updated_at,
                                         last_position, chain)
             VALUES (e.stream_id, e.data ->> 'queue', 1, e.type = 'QueuePaused',
@@ -161,10 +184,12 @@ CREATE OR REPLACE FUNCTION concurrency_compact() RETURNS bigint LANGUAGE sql AS 
     SELECT (SELECT count(*) FROM moved) - (SELECT count(*) FROM summed)
 $$;
 
--- How many jobs of each key run now (tests, operators).
+-- How many jobs of each key run now (tests, operators, GET /keys); lim is the
+-- limit in force: the key's configured one (PUT /keys/{key}), else its jobs'.
 CREATE OR REPLACE VIEW concurrency_running AS
-SELECT s.key, s.lim, s.claimed - coalesce((SELECT sum(r.released) FROM concurrency_releases r
-                                            WHERE r.key = s.key), 0) AS running
+SELECT s.key, coalesce((SELECT ks.concurrency_limit FROM key_settings ks WHERE ks.key = s.key), s.lim) AS lim,
+       s.claimed - coalesce((SELECT sum(r.released) FROM concurrency_releases r
+                             WHERE r.key = s.key), 0) AS running
   FROM concurrency_slots s;
 
 -- A bucket shard's tokens at `at`: refilled at its share of the rate since it

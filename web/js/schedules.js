@@ -1,13 +1,9 @@
 // Schedules: every cron schedule with its next fire time, its last tick and what it started;
 // pause, resume and delete. Ticks and changes arrive as events (ScheduleFired, ...).
 
-import { api, ApiError, itemsOf } from "./api.js";
-import {
-  clear, dateTime, debounce, emptyState, h, jobLink, syncChildren, toast, workflowLink,
-} from "./dom.js";
-import { subscribe } from "./live.js";
-
-const POLL_MS = 2000;
+import { api, ApiError } from "./api.js";
+import { clear, dateTime, emptyState, h, jobLink, toast, workflowLink } from "./dom.js";
+import { pollRows } from "./polled.js";
 
 function target(schedule) {
   if (schedule.job) return `job ${schedule.job.task} → ${schedule.job.queue ?? "default"}`;
@@ -23,7 +19,6 @@ export function mountSchedules(container) {
   const body = h("tbody", { id: "schedule-rows" });
   const empty = emptyState("No schedules. POST /schedules creates one (cron, and a job or a definition).");
   const updated = h("span", { class: "muted small", "aria-live": "off" });
-  let disposed = false;
 
   async function act(schedule, request, done) {
     try {
@@ -41,7 +36,7 @@ export function mountSchedules(container) {
       class: `btn small ${cls}`, type: "button", "data-schedule": schedule.name,
       onclick: (event) => {
         event.currentTarget.disabled = true;
-        act(schedule, request, refresh);
+        act(schedule, request, () => rows.refresh());
       },
     }, label);
     return h("tr", { "data-schedule": schedule.name, class: schedule.paused ? "paused" : null },
@@ -63,25 +58,9 @@ export function mountSchedules(container) {
         button("Delete", { method: "DELETE" }, "danger delete")));
   }
 
-  async function refresh() {
-    try {
-      const schedules = itemsOf(await api("/schedules"), "schedules");
-      if (disposed) return;
-      syncChildren(body, schedules, {
-        key: (schedule) => schedule.name,
-        signature: (schedule) => JSON.stringify(schedule),
-        build: row,
-      });
-      empty.hidden = schedules.length > 0;
-      updated.textContent = `updated ${new Date().toLocaleTimeString()}`;
-    } catch (error) {
-      if (!disposed) updated.textContent = `could not refresh: ${error.message}`;
-    }
-  }
-
-  const refreshSoon = debounce(refresh, 250);
-  const unsubscribe = subscribe((event) => {
-    if (String(event.type).startsWith("Schedule")) refreshSoon();
+  const rows = pollRows({
+    path: "/schedules", name: "schedules", body, empty, updated, key: (schedule) => schedule.name, build: row,
+    changes: (event) => String(event.type).startsWith("Schedule"),
   });
 
   clear(container).append(h("section", { class: "view schedules" },
@@ -91,12 +70,5 @@ export function mountSchedules(container) {
         "Fired", "Skipped", "Catch up", ""].map((label) => h("th", null, label)))),
       body)), empty)));
 
-  refresh();
-  const timer = setInterval(refresh, POLL_MS);
-  return () => {
-    disposed = true;
-    clearInterval(timer);
-    refreshSoon.cancel();
-    unsubscribe();
-  };
+  return rows.dispose;
 }

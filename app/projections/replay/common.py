@@ -59,6 +59,7 @@ PROJECTIONS = (
     # flow control's settings (definitions/65_flow.sql, flow_project)
     Projection("schedules", verify_whole=True),
     Projection("queue_settings", verify_whole=True),
+    Projection("key_settings", verify_whole=True),  # per-key limits (migrations/0020)
     # stored definitions (definitions/60_definitions.sql): few and small
     Projection("definitions", verify_whole=True),
     Projection("definition_versions", verify_whole=True),
