@@ -25,7 +25,9 @@ JOB_KEYS = {"id", "task", "queue", "status", "priority", "attempts", "max_retrie
 WORKFLOW_KEYS = {"id", "name", "status", "tags", "created_at", "finished_at", "steps",
                  # wave 2 (issue 15): what it returned, why it failed, its deadline
                  "result", "error", "deadline_at", "definition", "parent",
-                 "waiting_on"}
+                 "waiting_on",
+                 # wave 3 (issue 32): a workflow written as code names its function and input
+                 "code", "input"}
 STEP_KEYS = {"step", "status", "job_id", "depends_on", "output", "error", "attempts",
              "started_at", "finished_at"}
 ERROR_KEYS = {"error", "message", "details"}

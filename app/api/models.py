@@ -151,6 +151,8 @@ class WorkflowView(BaseModel):
     definition: dict[str, Any] | None = None  # {"name", "version"}: the stored definition it ran
     parent: dict[str, Any] | None = None  # {"workflow_id", "step"}: a sub-workflow's parent step
     waiting_on: list[WaitingOn] = []  # what a running workflow waits for, when only a trigger or timer
+    code: str | None = None  # a workflow written as code: its @qforge.workflow name
+    input: Any = None  # and the input it was started with
 
 
 class WorkflowCreated(BaseModel):
@@ -158,6 +160,7 @@ class WorkflowCreated(BaseModel):
     name: str
     status: str
     steps: list[StepView]
+    code: str | None = None  # a workflow written as code: its @qforge.workflow name
 
 
 class WorkflowSummary(BaseModel):

@@ -42,6 +42,8 @@ from qforge.workers import reporting
 from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, Reconnecting, connect_async, describe
 from qforge.workers.executors import execute
 from qforge.workers.tasks import TaskContext
+from qforge.workflows import activation, durable
+from qforge.workflows import journal as code_journal
 
 log = logging.getLogger("qforge.worker")
 
@@ -249,6 +251,10 @@ class Worker:
         self.wake.set()
 
     async def _execute(self, job: ClaimedJob) -> Any:
+        if job.task == code_journal.TASK and job.workflow_id is not None:
+            # a code workflow's function (qforge.workflows): replayed against the rows of its workflow
+            workflow, rows = await self._db(durable.read_history, job.workflow_id)
+            return await activation.activate(workflow, rows, thread_pool=self.task_threads)
         ctx = TaskContext(job_id=job.id, attempt=job.attempt, task=job.task, queue=job.queue,
                           workflow_id=job.workflow_id, step=job.step, timeout_seconds=job.timeout_seconds,
                           allow_shell=self.allow_shell, policy=self.task_policy)
