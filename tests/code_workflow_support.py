@@ -106,6 +106,37 @@ CODE_TASKS = textwrap.dedent('''
         return ctx.run("cw_step", {"n": 2}, step="never")
 
 
+    @qforge.workflow("cw_kid")
+    def kid(ctx, inp):
+        return ctx.run("add", {"a": inp["x"], "b": 3})
+
+
+    @qforge.workflow("cw_parent")
+    def parent(ctx, inp):
+        code_child = ctx.child("cw_kid", {"x": 2})
+        stored_child = ctx.child("kid_def", {"v": 1})
+        try:
+            ctx.child("cw_uncaught")
+        except qforge.StepFailed as failure:
+            failed = failure.error
+        return {"code": code_child, "stored": stored_child, "failed": failed}
+
+
+    @qforge.workflow("cw_parent_waits")
+    def parent_waits(ctx, inp):
+        return ctx.child("cw_waits", 1)
+
+
+    @qforge.workflow("cw_versioned")
+    def versioned(ctx, inp):
+        new = ctx.version("audit-first") if os.environ.get("QF_VARIANT") == "2" else False
+        if new:
+            ctx.run("echo", {"audit": True}, step="audit")
+        ctx.run("cw_step", {"n": 1}, step="one")
+        ctx.wait("go")
+        return {"new": new}
+
+
     @qforge.workflow("cw_async")
     async def in_async(ctx, inp):
         first = await ctx.run("add", {"a": inp["a"], "b": 1})

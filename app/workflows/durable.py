@@ -22,6 +22,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from qforge.commands.enqueue import job_row
 from qforge.commands.plan import Plan, Statement
+from qforge.commands.plan import run as plan_run
 from qforge.commands.specs import NAME_PATTERN, Storable, check_tags
 from qforge.events import store
 from qforge.events import types as ev
@@ -31,6 +32,7 @@ from qforge.events.states import (CANCELLED, DEAD, JOB_ACTIVE, JOB_FINISHED, PEN
 from qforge.events.types import NewEvent
 from qforge.sql import q
 from qforge.workflows import journal
+from qforge.workflows.replay import STEP_OPS
 from qforge.workflows.submitted import store_submitted
 
 NEVER = datetime(9999, 12, 31, tzinfo=timezone.utc)  # a trigger wait without timeout
@@ -97,6 +99,9 @@ def step_event(op: dict[str, Any], clock: datetime) -> ev.Enqueued:
     if op["op"] == "sleep":
         return ev.Enqueued(task="sleep", step=op["step"], step_type="sleep", status=WAITING,
                            run_at=clock + timedelta(seconds=op["seconds"]), seconds=op["seconds"], depends_on=after)
+    if op["op"] == "child":  # waits for its sub-workflow (qforge.commands.subflows ends it)
+        return ev.Enqueued(task="workflow", step=op["step"], step_type="workflow", status=WAITING, run_at=NEVER,
+                           payload={"workflow": op["workflow"], "input": op.get("input")}, depends_on=after)
     if op["op"] == "wait":
         timeout = op.get("timeout")
         return ev.Enqueued(task="wait_for_trigger", step=op["step"], step_type="wait_for_trigger", status=WAITING,
@@ -127,17 +132,59 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
     if decided.get("outcome"):  # steps it started and never waited for do not run
         _end(conn, workflow, rows, decided["outcome"], now=now, actor=actor)
         return True
-    new = [op for op in decided.get("ops", []) if op.get("op") in ("run", "sleep", "wait") and op["step"] not in steps]
-    if new:
-        rows_in = [job_row(new_id(), step_event(op, clock), workflow["tags"], workflow["id"]) for op in new]
+    new = [op for op in decided.get("ops", []) if op.get("op") in STEP_OPS and op["step"] not in steps]
+    rows_in = [job_row(new_id(), step_event(op, clock), workflow["tags"], workflow["id"]) for op in new]
+    if rows_in:
         cur.execute(q("job_enqueue"), {"jobs": json.dumps(rows_in), "actor": actor, "now": now})
-    created = {op["step"] for op in new}
+    finished = {name for name, row in steps.items() if row["status"] in JOB_FINISHED}
+    finished |= {op["step"] for op, row in zip(new, rows_in)  # a child that could not start
+                 if op["op"] == "child" and _start_child(conn, workflow, op, row["id"], last["queue"],
+                                                         actor=actor, now=now)}
     # What it waited on may have finished while it ran (their advance found it running): wake it now.
-    if all(name not in created and steps.get(name, {}).get("status") in JOB_FINISHED
-           for name in decided.get("waiting_on", [])):
+    if all(name in finished for name in decided.get("waiting_on", [])):
         row = activation_row(workflow["id"], len(runs) + 1, last["queue"], workflow["tags"])
         cur.execute(q("job_enqueue"), {"jobs": json.dumps([row]), "actor": actor, "now": now})
     return False
+
+
+MAX_NESTING = 10  # as for graph workflows' sub-workflows
+
+
+def _start_child(conn, workflow: dict[str, Any], op: dict[str, Any], job_id: str, queue: str, *, actor: str,
+                 now: datetime | None) -> bool:
+    """Start ctx.child's sub-workflow: the stored definition of that name if there is one, else the
+    code workflow (the API, the monitor and workers all advance, and only workers know functions).
+    One that cannot start ends its step at once (the function gets StepFailed): then True."""
+    from qforge.commands.definitions import get_definition, start_definition  # definitions -> advance -> here
+    from qforge.commands.errors import CommandError
+
+    depth = (workflow.get("nesting") or 0) + 1
+    parent = {"workflow_id": str(workflow["id"]), "step": op["step"], "job_id": job_id, "depth": depth}
+    problem = None
+    try:
+        if depth > MAX_NESTING:
+            problem = f"sub-workflows nest more than {MAX_NESTING} deep (a workflow that starts itself?)"
+        elif get_definition(conn, op["workflow"]) is not None:
+            inputs = op.get("input")
+            start_definition(conn, op["workflow"], inputs if inputs is not None else {}, actor=actor, now=now,
+                             parent=parent)
+        else:
+            spec = CodeWorkflowSpec(code=op["workflow"], input=op.get("input"), tags=workflow["tags"],
+                                    queue=queue)
+            plan_run(conn, start_plan(spec, actor=actor, now=now, parent=parent))
+    except (CommandError, ValueError) as error:
+        problem = f"could not start sub-workflow {op['workflow']!r}: {error}"
+    if problem is None:
+        return False
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q("job_lock"), {"ids": [job_id]})
+        row = cur.fetchone()
+    base: dict[str, Any] = dict(stream_id=row["id"], tags=row["tags"], workflow_id=workflow["id"])
+    store.append(conn, [NewEvent(**base, version=row["version"] + 1, data=ev.Failed(
+                            attempt=0, reason="child_workflow", error=problem)),
+                        NewEvent(**base, version=row["version"] + 2, data=ev.DeadLettered(
+                            attempt=0, error=problem))], actor=actor, now=now)
+    return True
 
 
 def _end(conn, workflow: dict[str, Any], rows: list[dict[str, Any]], outcome: dict[str, Any], *,
