@@ -243,7 +243,7 @@ def test_submit_workflow_returns_201_and_get_has_the_contract_shape(api):
     response = api.post("/workflows", json={**CI_DAG, "tags": {"order_id": "o-9"}})
     assert response.status_code == 201
     created = response.json()
-    assert set(created) == {"id", "name", "status", "steps"}
+    assert set(created) == {"id", "name", "status", "steps", "code"} and created["code"] is None  # code: issue 32
     assert (created["name"], created["status"]) == ("ci", "running")
     workflow = api.get(f"/workflows/{created['id']}").json()
     assert set(workflow) == WORKFLOW_KEYS

@@ -43,6 +43,17 @@ def wait_marker(marks: Path, name: str, timeout: float = 30) -> None:
     wait_for(lambda: (marks / f"{name}.here").exists(), timeout=timeout, message=f"the code to reach {name}")
 
 
+def start_then_redeploy(procs: Processes, client: qforge.Client, env: dict, name: str):
+    """Start `name` on a worker with the old code, wait for it to wait, then replace that worker by one
+    with the new code (QF_VARIANT=2): a redeploy under a running workflow."""
+    old_worker = procs.worker(*TASKS, env=env)
+    created = client.start(name)
+    wait_for(lambda: workflow(client, created.id)["waiting_on"], timeout=30, message="the old run to wait")
+    kill(old_worker)
+    procs.worker(*TASKS, env={**env, "QF_VARIANT": "2"})
+    return created
+
+
 def test_kill_9_inside_a_step_between_steps_and_inside_the_function_loses_nothing(
         conn: psycopg.Connection, procs: Processes, code_env, api):
     env = code_env["env"]
@@ -105,13 +116,8 @@ def test_step_failed_is_catchable_and_uncaught_fails_the_workflow(conn, procs: P
 
 
 def test_a_changed_function_fails_nondeterministic_naming_the_step(conn, procs: Processes, code_env, api):
-    env = code_env["env"]
     base, client = api
-    first = procs.worker(*TASKS, env=env)
-    created = client.start("cw_variant")
-    wait_for(lambda: workflow(client, created.id)["waiting_on"], timeout=30, message="the wait for go")
-    kill(first)
-    procs.worker(*TASKS, env={**env, "QF_VARIANT": "2"})  # the code changed under the running workflow
+    created = start_then_redeploy(procs, client, code_env["env"], "cw_variant")
     client.trigger(created.id, "go", {"ok": True})
     view = wait_for(lambda: finished(client, created.id), timeout=30, message="the workflow to fail")
     assert view["status"] == "failed"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 
 from code_workflow_support import code_env  # noqa: F401  (a fixture)
-from test_code_workflows import TASKS, api, finished, workflow  # noqa: F401  (api: a fixture)
-from test_worker_support import Processes, kill, procs, tasks_dir, wait_for  # noqa: F401
+from test_code_workflows import TASKS, api, finished, start_then_redeploy, workflow  # noqa: F401  (api: a fixture)
+from test_worker_support import Processes, procs, tasks_dir, wait_for  # noqa: F401
 
 KID_DEFINITION = {"result": {"step": "sum"}, "steps": [{"step": "sum", "task": "echo"}]}
 
@@ -39,13 +39,8 @@ def test_children_of_code_and_stored_definitions_and_cancel_reaches_them(conn, p
 
 
 def test_version_keeps_a_running_workflow_on_its_branch_after_a_redeploy(conn, procs: Processes, code_env, api):
-    env = code_env["env"]
     base, client = api
-    old_worker = procs.worker(*TASKS, env=env)
-    before = client.start("cw_versioned")
-    wait_for(lambda: workflow(client, before.id)["waiting_on"], timeout=30, message="the old run to wait")
-    kill(old_worker)
-    procs.worker(*TASKS, env={**env, "QF_VARIANT": "2"})  # the new code: an audit step comes first
+    before = start_then_redeploy(procs, client, code_env["env"], "cw_versioned")  # new code: audit first
     after = client.start("cw_versioned")
     wait_for(lambda: workflow(client, after.id)["waiting_on"], timeout=30, message="the new run to wait")
     for created in (before, after):

@@ -63,6 +63,8 @@ def _api_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _dev_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=None, help="API and dashboard port (default 8090)")
+    parser.add_argument("--tasks", default="", help="comma-separated modules the two worker pools import "
+                                                    "for their @task and @workflow functions")
 
 
 def _migrate_arguments(parser: argparse.ArgumentParser) -> None:

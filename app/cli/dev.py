@@ -90,8 +90,8 @@ def _pump(name: str, stream) -> None:
             sys.stdout.flush()
 
 
-def children(port: int) -> list[Child]:
-    pool = ["worker", "--allow-shell", "--concurrency", str(POOL_CONCURRENCY)]
+def children(port: int, tasks: str = "") -> list[Child]:
+    pool = ["worker", "--allow-shell", "--concurrency", str(POOL_CONCURRENCY), *(["--tasks", tasks] if tasks else [])]
     return [
         Child("api", ["api", "--host", "127.0.0.1", "--port", str(port)]),
         Child("monitor", ["monitor"]),
@@ -118,9 +118,9 @@ def _healthy(port: int) -> bool:
 
 
 class Supervisor:
-    def __init__(self, port: int, env: dict[str, str]):
+    def __init__(self, port: int, env: dict[str, str], tasks: str = ""):
         self.port, self.env = port, env
-        self.children = children(port)
+        self.children = children(port, tasks)
         self.stopping = threading.Event()
 
     def request_stop(self, signum: int, _frame: object) -> None:
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     # The demo's http steps call services on this machine: allow loopback here
     # only (issue 19: an http step refuses non-public addresses by default).
     env.setdefault("QFORGE_HTTP_ALLOW", "127.0.0.0/8,::1,localhost")
-    supervisor = Supervisor(port, env)
+    supervisor = Supervisor(port, env, getattr(args, "tasks", "") or "")
     previous = {sig: signal.signal(sig, supervisor.request_stop)
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -16,6 +16,8 @@ MAX_SECONDS = 30 * 86400
 
 
 def _step_options(options: dict[str, Any]) -> dict[str, Any]:
+    if not options:
+        return options
     unknown = sorted(set(options) - STEP_OPTIONS)
     if unknown:
         raise TypeError(f"unknown step option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(STEP_OPTIONS))}")
