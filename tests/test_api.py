@@ -250,7 +250,7 @@ def test_submit_workflow_returns_201_and_get_has_the_contract_shape(api):
     assert workflow["tags"] == {"order_id": "o-9"} and workflow["finished_at"] is None
     # the contract's keys, plus what the dashboard draws the DAG with
     assert all(set(step) == STEP_KEYS | {"type", "task", "when", "on_failure", "elements",
-                                           "child_workflow_id"}
+                                           "child_workflow_id", "input"}
                for step in workflow["steps"])
     assert [(s["step"], s["status"], s["depends_on"]) for s in workflow["steps"]] == [
         ("build", "pending", []), ("test", "blocked", ["build"]), ("lint", "blocked", ["build"]),

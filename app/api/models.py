@@ -128,6 +128,7 @@ class StepView(BaseModel):
     on_failure: str | None = None
     elements: ElementsView | None = None  # a for_each step's elements
     child_workflow_id: UUID | None = None  # a workflow step's sub-workflow
+    input: Any = None  # a code workflow's step: the payload its function gave it
 
 
 class WaitingOn(BaseModel):

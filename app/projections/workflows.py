@@ -102,6 +102,7 @@ def workflow_view(workflow: dict[str, Any], rows: list[dict[str, Any]],
                                        if row["step"] in fanned else {})
                      | ({"child_workflow_id": (children or {}).get(row["id"])}
                         if row.get("step_type") == "workflow" else {})
+                     | ({"input": row.get("payload")} if workflow.get("code") else {})
                      for row in ordered_steps(workflow, steps)]
     return view
 
