@@ -248,6 +248,10 @@ class Worker:
         self.free_slots.append(run.slot)
         if outcome is not None and not run.abandoned:
             (self.completions if ok else self.failures).append(outcome)
+            if job.workflow_id is not None:
+                # what the report unblocks (the next step, the next run of a code workflow's
+                # function) is claimable in the report's own transaction: claim with it
+                self.claim_wanted = True
         self.wake.set()
 
     async def _execute(self, job: ClaimedJob) -> Any:
