@@ -91,6 +91,10 @@ class Worker:
                                        started_at=datetime.now(timezone.utc))
         self.db = Reconnecting(url, f"qforge-worker {name}", setup=plan_generically)
         self.db_thread = ThreadPoolExecutor(1, thread_name_prefix="qforge-db")
+        # Runs of code workflows read their workflow's rows on a connection of their own, so a read
+        # does not queue behind the exchanges (made on first use: most workers never need it).
+        self.history_db: Reconnecting | None = None
+        self.history_thread = ThreadPoolExecutor(1, thread_name_prefix="qforge-history")
         self.task_threads = ThreadPoolExecutor(concurrency, thread_name_prefix="qforge-task")
         self.running: dict[UUID, Running] = {}
         self.free_slots = list(range(concurrency - 1, -1, -1))  # pop() hands out slot 0 first
@@ -134,6 +138,9 @@ class Worker:
                 loop.remove_signal_handler(signum)
             await loop.run_in_executor(self.db_thread, self.db.close)
             self.db_thread.shutdown()
+            if self.history_db is not None:
+                await loop.run_in_executor(self.history_thread, self.history_db.close)
+            self.history_thread.shutdown()
 
     async def _serve(self) -> None:
         heartbeat = self.settings.heartbeat_seconds
@@ -257,7 +264,7 @@ class Worker:
     async def _execute(self, job: ClaimedJob) -> Any:
         if job.task == code_journal.TASK and job.workflow_id is not None:
             # a code workflow's function (qforge.workflows): replayed against the rows of its workflow
-            workflow, rows = await self._db(durable.read_history, job.workflow_id)
+            workflow, rows = await self._read_history(job.workflow_id)
             return await activation.activate(workflow, rows, thread_pool=self.task_threads)
         ctx = TaskContext(job_id=job.id, attempt=job.attempt, task=job.task, queue=job.queue,
                           workflow_id=job.workflow_id, step=job.step, timeout_seconds=job.timeout_seconds,
@@ -273,6 +280,13 @@ class Worker:
                 message = f"job timed out after {job.timeout_seconds:g}s (timeout_seconds)"
                 raise reporting.JobTimedOut(message) from None
             raise
+
+    async def _read_history(self, workflow_id: UUID) -> tuple[dict, list[dict]]:
+        if self.history_db is None:
+            self.history_db = Reconnecting(self.url, f"qforge-worker {self.name} history")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.history_thread, functools.partial(
+            self.history_db.run, durable.read_history, workflow_id))
 
     def _abandon(self, run: Running) -> None:
         run.abandoned = True

@@ -61,9 +61,10 @@ class CodeWorkflowSpec(Storable):
         return check_tags(tags)
 
 
-def activation_row(workflow_id: uuid.UUID, number: int, queue: str, tags: dict[str, str]) -> dict[str, Any]:
+def activation_row(workflow_id: uuid.UUID, number: int, queue: str, tags: dict[str, str],
+                   due: datetime | None = None) -> dict[str, Any]:
     data = ev.Enqueued(task=journal.TASK, queue=queue, max_retries=ACTIVATION_RETRIES, payload={"n": number},
-                       step=f"@{number}", step_type=journal.ACTIVATION)
+                       step=f"@{number}", step_type=journal.ACTIVATION, run_at=due)
     return job_row(new_id(), data, tags, workflow_id)
 
 
@@ -93,8 +94,8 @@ def read_history(conn, workflow_id: uuid.UUID) -> tuple[dict[str, Any], list[dic
         return workflow, cur.fetchall()
 
 
-def step_event(op: dict[str, Any], clock: datetime) -> ev.Enqueued:
-    """The job a new operation of the function becomes."""
+def step_event(op: dict[str, Any], clock: datetime, due: datetime | None = None) -> ev.Enqueued:
+    """The job a new operation of the function becomes (a task step due at `due`, see advance_code)."""
     after = list(op.get("after") or [])
     if op["op"] == "sleep":
         return ev.Enqueued(task="sleep", step=op["step"], step_type="sleep", status=WAITING,
@@ -110,7 +111,7 @@ def step_event(op: dict[str, Any], clock: datetime) -> ev.Enqueued:
     options = dict(op.get("options") or {})
     delay = options.pop("delay_seconds", None)
     return ev.Enqueued(task=op["task"], payload=op.get("payload") or {}, step=op["step"], step_type="task",
-                       status=PENDING, run_at=clock + timedelta(seconds=delay) if delay else None,
+                       status=PENDING, run_at=clock + timedelta(seconds=delay) if delay else due,
                        depends_on=after, **options)
 
 
@@ -133,7 +134,11 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
         _end(conn, workflow, rows, decided["outcome"], now=now, actor=actor)
         return True
     new = [op for op in decided.get("ops", []) if op.get("op") in STEP_OPS and op["step"] not in steps]
-    rows_in = [job_row(new_id(), step_event(op, clock), workflow["tags"], workflow["id"]) for op in new]
+    # A running workflow's next step and run are due since the workflow started: among equal
+    # priorities, work of older workflows is claimed before a backlog of newer ones (the claim's
+    # order is run_at), so each workflow's step-to-step latency is not the whole backlog's.
+    due = workflow["created_at"]
+    rows_in = [job_row(new_id(), step_event(op, clock, due), workflow["tags"], workflow["id"]) for op in new]
     if rows_in:
         cur.execute(q("job_enqueue"), {"jobs": json.dumps(rows_in), "actor": actor, "now": now})
     finished = {name for name, row in steps.items() if row["status"] in JOB_FINISHED}
@@ -142,7 +147,7 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
                                                          actor=actor, now=now)}
     # What it waited on may have finished while it ran (their advance found it running): wake it now.
     if all(name in finished for name in decided.get("waiting_on", [])):
-        row = activation_row(workflow["id"], len(runs) + 1, last["queue"], workflow["tags"])
+        row = activation_row(workflow["id"], len(runs) + 1, last["queue"], workflow["tags"], due)
         cur.execute(q("job_enqueue"), {"jobs": json.dumps([row]), "actor": actor, "now": now})
     return False
 
