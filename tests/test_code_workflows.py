@@ -100,21 +100,6 @@ def test_kill_9_inside_a_step_between_steps_and_inside_the_function_loses_nothin
     assert str(created.id) in [item["id"] for item in tagged]  # with its steps, which carry its tags
 
 
-def test_step_failed_is_catchable_and_uncaught_fails_the_workflow(conn, procs: Processes, code_env, api):
-    env = code_env["env"]
-    base, client = api
-    procs.worker(*TASKS, env=env)
-    caught = client.start("cw_catches")
-    uncaught = client.start("cw_uncaught")
-    view = wait_for(lambda: finished(client, caught.id), timeout=30, message="cw_catches to finish")
-    assert view["status"] == "succeeded"
-    assert view["result"] == {"caught": "step doomed fails", "attempts": 2, "step": "doomed"}
-    view = wait_for(lambda: finished(client, uncaught.id), timeout=30, message="cw_uncaught to finish")
-    assert view["status"] == "failed" and view["error"].startswith("step_failed: step 'cw_step' dead")
-    failed = client.workflow_events(uncaught.id)[-1]
-    assert failed.type == "WorkflowFailed" and failed.data.reason == "step_failed"
-
-
 def test_a_changed_function_fails_nondeterministic_naming_the_step(conn, procs: Processes, code_env, api):
     base, client = api
     created = start_then_redeploy(procs, client, code_env["env"], "cw_variant")
@@ -128,10 +113,12 @@ def test_a_changed_function_fails_nondeterministic_naming_the_step(conn, procs: 
     assert ("refund", 1) not in runs(code_env["runs"])
 
 
-def test_waiting_holds_no_worker_slot_and_unknown_names_fail(conn, procs: Processes, code_env, api):
+def test_the_model_through_the_api_waiting_holds_no_slot(conn, db_url, procs: Processes, code_env, api):
+    """One worker with one slot and a monitor (for the timers) serve every check here."""
     env = code_env["env"]
     base, client = api
     procs.worker(*TASKS, "--concurrency", "1", env=env)
+    procs.monitor(env)
     waiting = [client.start("cw_waits", n) for n in range(3)]
     for created in waiting:
         wait_for(lambda: workflow(client, created.id)["waiting_on"], timeout=30, message="each to wait")
@@ -150,11 +137,23 @@ def test_waiting_holds_no_worker_slot_and_unknown_names_fail(conn, procs: Proces
         client.start("bad name!")
     response = httpx.post(f"{base}/workflows", json={"code": "x", "steps": []})
     assert response.status_code == 422 and response.json()["details"][0]["field"] == "steps"
+    check_step_failed_is_catchable_and_uncaught_fails_the_workflow(client)
+    check_start_in_the_callers_transaction_and_async_functions(client, base, db_url)
 
 
-def test_start_in_the_callers_transaction_and_async_functions(conn, db_url, procs: Processes, code_env, api):
-    env = code_env["env"]
-    base, client = api
+def check_step_failed_is_catchable_and_uncaught_fails_the_workflow(client: qforge.Client) -> None:
+    caught = client.start("cw_catches")
+    uncaught = client.start("cw_uncaught")
+    view = wait_for(lambda: finished(client, caught.id), timeout=30, message="cw_catches to finish")
+    assert view["status"] == "succeeded"
+    assert view["result"] == {"caught": "step doomed fails", "attempts": 2, "step": "doomed"}
+    view = wait_for(lambda: finished(client, uncaught.id), timeout=30, message="cw_uncaught to finish")
+    assert view["status"] == "failed" and view["error"].startswith("step_failed: step 'cw_step' dead")
+    failed = client.workflow_events(uncaught.id)[-1]
+    assert failed.type == "WorkflowFailed" and failed.data.reason == "step_failed"
+
+
+def check_start_in_the_callers_transaction_and_async_functions(client: qforge.Client, base: str, db_url: str) -> None:
     with psycopg.connect(db_url) as app:
         rolled_back = qforge.start(app, "cw_async", {"a": 1})
         app.rollback()
@@ -162,8 +161,6 @@ def test_start_in_the_callers_transaction_and_async_functions(conn, db_url, proc
         app.commit()
         assert qforge.start(app, "cw_async", {"a": 10}, idempotency_key="k1") == kept
         app.commit()
-    procs.worker(*TASKS, env=env)
-    procs.monitor(env)  # fires the sleep's timer
     view = wait_for(lambda: finished(client, kept), timeout=30, message="the async workflow to finish")
     assert view["status"] == "succeeded" and view["code"] == "cw_async" and view["input"] == {"a": 10}
     assert view["result"]["first"] == 11 and view["result"]["both"] == [12, {"x": 11}]
