@@ -26,6 +26,8 @@ _PUBLIC = {
     "enqueue": "qforge.producer", "submit": "qforge.producer",
     "enqueue_async": "qforge.producer", "submit_async": "qforge.producer",
     "JobSpec": "qforge.commands.specs", "WorkflowSpec": "qforge.commands.specs",
+    "workflow": "qforge.workflows.registry", "StepFailed": "qforge.workflows.replay",
+    "start": "qforge.producer", "start_async": "qforge.producer",
     "task": "qforge.workers.tasks", "TaskContext": "qforge.workers.tasks", "TaskError": "qforge.workers.tasks",
 }
 

@@ -21,6 +21,7 @@ from qforge.commands.plan import run, run_async
 from qforge.commands.errors import Invalid
 from qforge.commands.specs import JobSpec, WorkflowSpec, parse_spec
 from qforge.commands.workflows import starts_children, submit_plan
+from qforge.workflows.durable import CodeWorkflowSpec, start_plan
 
 ACTOR = "app"  # the events' actor: written by the application, not the API or a worker
 
@@ -49,6 +50,25 @@ def submit(conn, workflow: WorkflowSpec | dict[str, Any]) -> uuid.UUID | Awaitab
     if isinstance(conn, AsyncConnection):
         return _submit_async(conn, spec)
     workflow_id, _ = run(conn, submit_plan(spec, actor=ACTOR), own_transaction=False)
+    return workflow_id
+
+
+def start(conn, name: str, input: Any = None, **options: Any) -> uuid.UUID | Awaitable[uuid.UUID]:
+    """Start the code workflow `name` (@qforge.workflow) in the caller's transaction; its id. Options
+    as POST /workflows with code: tags, idempotency_key, deadline_seconds, queue."""
+    spec = parse_spec(CodeWorkflowSpec, {"code": name, "input": input, **options})
+    if isinstance(conn, AsyncConnection):
+        return _start_async(conn, spec)
+    workflow_id, _ = run(conn, start_plan(spec, actor=ACTOR), own_transaction=False)
+    return workflow_id
+
+
+async def start_async(conn: AsyncConnection, name: str, input: Any = None, **options: Any) -> uuid.UUID:
+    return await _start_async(conn, parse_spec(CodeWorkflowSpec, {"code": name, "input": input, **options}))
+
+
+async def _start_async(conn: AsyncConnection, spec: CodeWorkflowSpec) -> uuid.UUID:
+    workflow_id, _ = await run_async(conn, start_plan(spec, actor=ACTOR), own_transaction=False)
     return workflow_id
 
 

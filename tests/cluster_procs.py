@@ -48,19 +48,32 @@ def cluster() -> Iterator[Cluster]:
 
 
 def start_api(processes: Processes, env: dict[str, str] | None = None, timeout: float = 30) -> tuple[Proc, str]:
-    """`qforge api` on a free port, once /healthz answers: (process, base URL)."""
-    port = free_port()
-    proc = processes._spawn("api", ["--port", str(port)], env)
-    base = f"http://127.0.0.1:{port}"
+    """`qforge api` on a free port, once /healthz answers: (process, base URL).
 
-    def healthy() -> bool:
-        try:
-            return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
+    Other test sessions on this machine start APIs too: a port found free may be taken before
+    ours binds it, and then another session's API would answer /healthz. So we wait for our own
+    process to say it is listening (or to exit, when it could not bind: then another port)."""
+    for _ in range(5):
+        port = free_port()
+        proc = processes._spawn("api", ["--port", str(port)], env)
+        base = f"http://127.0.0.1:{port}"
 
-    wait_for(healthy, timeout=timeout, message="the API to answer /healthz")
-    return proc, base
+        def listening() -> bool:
+            return not proc.alive() or f"running on {base}" in proc.log()
+
+        wait_for(listening, timeout=timeout, message="the API to listen")
+        if not proc.alive():
+            continue
+        wait_for(lambda: _healthy(base), timeout=timeout, message="the API to answer /healthz")
+        return proc, base
+    raise AssertionError("qforge api could not bind a free port five times")
+
+
+def _healthy(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 class RetryingClient:

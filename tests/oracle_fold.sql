@@ -136,6 +136,8 @@ BEGIN
         s.parent_job_id := (e.data -> 'parent' ->> 'job_id')::uuid;
         s.parent_step := e.data -> 'parent' ->> 'step';
         s.nesting := (e.data -> 'parent' ->> 'depth')::integer;
+        s.code := e.data ->> 'code';
+        s.input := e.data -> 'input';
     WHEN 'WorkflowSucceeded', 'WorkflowFailed', 'WorkflowCancelled' THEN
         s.error := e.data ->> 'error';
         s.finished_at := e.occurred_at;

@@ -26,7 +26,9 @@ JOB_KEYS = {"id", "task", "queue", "status", "priority", "attempts", "max_retrie
 WORKFLOW_KEYS = {"id", "name", "status", "tags", "created_at", "finished_at", "steps",
                  # wave 2 (issue 15): what it returned, why it failed, its deadline
                  "result", "error", "deadline_at", "definition", "parent",
-                 "waiting_on", "deadline_seconds"}
+                 "waiting_on", "deadline_seconds",
+                 # wave 3 (issue 32): a workflow written as code names its function and input
+                 "code", "input"}
 STEP_KEYS = {"step", "status", "job_id", "depends_on", "output", "error", "attempts",
              "started_at", "finished_at"}
 ERROR_KEYS = {"error", "message", "details"}
@@ -242,7 +244,7 @@ def test_submit_workflow_returns_201_and_get_has_the_contract_shape(api):
     response = api.post("/workflows", json={**CI_DAG, "tags": {"order_id": "o-9"}})
     assert response.status_code == 201
     created = response.json()
-    assert set(created) == {"id", "name", "status", "steps"}
+    assert set(created) == {"id", "name", "status", "steps", "code"} and created["code"] is None  # code: issue 32
     assert (created["name"], created["status"]) == ("ci", "running")
     workflow = api.get(f"/workflows/{created['id']}").json()
     assert set(workflow) == WORKFLOW_KEYS
@@ -251,7 +253,8 @@ def test_submit_workflow_returns_201_and_get_has_the_contract_shape(api):
     assert all(set(step) == STEP_KEYS | {"type", "task", "when", "on_failure", "elements",
                                            "child_workflow_id",
                                            # issue 29: what a step was declared with comes back
-                                           "seconds", "for_each", "max_parallel", "definition", "inputs"}
+                                           "seconds", "for_each", "max_parallel", "definition", "inputs",
+                                           "input"}
                for step in workflow["steps"])
     assert [(s["step"], s["status"], s["depends_on"]) for s in workflow["steps"]] == [
         ("build", "pending", []), ("test", "blocked", ["build"]), ("lint", "blocked", ["build"]),

@@ -44,9 +44,14 @@ def error_response(status: int, code: str, message: str, details: list | None = 
                         status_code=status, headers=headers)
 
 
+BODY_UNION_TAGS = ("WorkflowSpec", "CodeWorkflowSpec")
+
+
 def _location(loc: tuple | list) -> str:
     """("body", "steps", 0, "task") -> "steps[0].task"; query/path parameters keep their name."""
     parts = [p for p in loc if p not in ("body",)]
+    if parts and parts[0] in BODY_UNION_TAGS:  # POST /workflows: which of its two bodies
+        parts = parts[1:]
     text = ""
     for part in parts:
         if isinstance(part, int):

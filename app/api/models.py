@@ -138,6 +138,7 @@ class StepView(BaseModel):
     inputs: dict[str, Any] | None = None  # a workflow step's inputs
     elements: ElementsView | None = None  # a for_each step's elements
     child_workflow_id: UUID | None = None  # a workflow step's sub-workflow
+    input: Any = None  # a code workflow's step: the payload its function gave it
 
 
 class WaitingOn(BaseModel):
@@ -162,6 +163,8 @@ class WorkflowView(BaseModel):
     definition: dict[str, Any] | None = None  # {"name", "version"}: the stored definition it ran
     parent: dict[str, Any] | None = None  # {"workflow_id", "step"}: a sub-workflow's parent step
     waiting_on: list[WaitingOn] = []  # what a running workflow waits for, when only a trigger or timer
+    code: str | None = None  # a workflow written as code: its @qforge.workflow name
+    input: Any = None  # and the input it was started with
 
 
 class WorkflowCreated(BaseModel):
@@ -169,6 +172,7 @@ class WorkflowCreated(BaseModel):
     name: str
     status: str
     steps: list[StepView]
+    code: str | None = None  # a workflow written as code: its @qforge.workflow name
 
 
 class WorkflowSummary(BaseModel):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, Union
 from uuid import UUID
 
 from fastapi import APIRouter, Path, Query, Request, Response
+from pydantic import Discriminator, Tag
 
 from qforge.api.auth import Actor, Caller, needs
 from qforge.api.common import (ERRORS, PROOF_DOC, as_of_view, bad_query, limit_query, missing, proof_answer,
@@ -20,8 +21,20 @@ from qforge.events import store
 from qforge.events.states import statuses
 from qforge.projections import asof
 from qforge.projections import workflows as workflows_view
+from qforge.workflows import commands as code_commands
+from qforge.workflows.durable import CodeWorkflowSpec
 
 router = APIRouter(tags=["workflows"])
+
+
+def _body_kind(body: Any) -> str:
+    return "CodeWorkflowSpec" if isinstance(body, dict) and "code" in body else "WorkflowSpec"
+
+
+# A graph (WorkflowSpec) or a workflow written as code (CodeWorkflowSpec), told apart by "code".
+WorkflowBody = Annotated[Union[Annotated[WorkflowSpec, Tag("WorkflowSpec")],
+                               Annotated[CodeWorkflowSpec, Tag("CodeWorkflowSpec")]],
+                         Discriminator(_body_kind)]
 
 WorkflowStatus = Literal[tuple(sorted(statuses("workflow")))]  # type: ignore[valid-type]
 
@@ -37,13 +50,17 @@ def _workflow(conn, workflow_id: UUID) -> dict:
              responses={200: {"model": WorkflowCreated,
                               "description": "an existing workflow with the same idempotency_key"},
                         **ERRORS})
-def create_workflow(body: WorkflowSpec, conn: Conn, response: Response, actor: Actor) -> dict:
-    """Submit a DAG. An invalid graph is a 422 whose details list every problem; nothing is stored."""
-    workflow_id, created = commands.submit(conn, body, actor=actor)
+def create_workflow(body: WorkflowBody, conn: Conn, response: Response, actor: Actor) -> dict:
+    """Submit a DAG, or start a workflow written as code (`{"code": name, "input"?}`). An invalid
+    graph is a 422 whose details list every problem; nothing is stored."""
+    if isinstance(body, CodeWorkflowSpec):
+        workflow_id, created = code_commands.start(conn, body, actor=actor)
+    else:
+        workflow_id, created = commands.submit(conn, body, actor=actor)
     if not created:
         response.status_code = 200
     view = _workflow(conn, workflow_id)
-    return {key: view[key] for key in ("id", "name", "status", "steps")}
+    return {key: view[key] for key in ("id", "name", "status", "steps", "code")}
 
 
 @router.get("/workflows", response_model=WorkflowList, responses=ERRORS)

@@ -67,6 +67,8 @@ def _dev_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-database-url", action="store_true",
                         help="print the database URL qforge dev uses here (for psycopg.connect, "
                              "qforge.enqueue) and exit")
+    parser.add_argument("--tasks", default="", help="comma-separated modules the two worker pools import "
+                                                    "for their @task and @workflow functions")
 
 
 def _migrate_arguments(parser: argparse.ArgumentParser) -> None:

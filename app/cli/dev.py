@@ -92,8 +92,9 @@ def _pump(name: str, stream) -> None:
             sys.stdout.flush()
 
 
-def children(port: int, queues: str = "default") -> list[Child]:
-    pool = ["worker", "--allow-shell", "--concurrency", str(POOL_CONCURRENCY), "--queues", queues]
+def children(port: int, queues: str = "default", tasks: str = "") -> list[Child]:
+    pool = ["worker", "--allow-shell", "--concurrency", str(POOL_CONCURRENCY), "--queues", queues,
+            *(["--tasks", tasks] if tasks else [])]
     return [
         Child("api", ["api", "--host", "127.0.0.1", "--port", str(port)]),
         Child("monitor", ["monitor"]),
@@ -120,10 +121,10 @@ def _healthy(port: int) -> bool:
 
 
 class Supervisor:
-    def __init__(self, port: int, env: dict[str, str], queues: str = "default"):
+    def __init__(self, port: int, env: dict[str, str], queues: str = "default", tasks: str = ""):
         self.port, self.env = port, env
         self.queues = queues
-        self.children = children(port, queues)
+        self.children = children(port, queues, tasks)
         self.stopping = threading.Event()
 
     def request_stop(self, signum: int, _frame: object) -> None:
@@ -248,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     # The demo's http steps call services on this machine: allow loopback here
     # only (issue 19: an http step refuses non-public addresses by default).
     env.setdefault("QFORGE_HTTP_ALLOW", "127.0.0.0/8,::1,localhost")
-    supervisor = Supervisor(port, env, queues)
+    supervisor = Supervisor(port, env, queues, getattr(args, "tasks", "") or "")
     previous = {sig: signal.signal(sig, supervisor.request_stop)
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

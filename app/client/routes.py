@@ -22,6 +22,7 @@ from qforge.commands import errors
 from qforge.commands.keys import KeySettingsSpec
 from qforge.commands.specs import JobSpec, WorkflowSpec, parse_spec
 from qforge.events.states import JOB_FINISHED, SUCCEEDED
+from qforge.workflows.durable import CodeWorkflowSpec
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,12 @@ class Routes:
     def submit(self, workflow: WorkflowSpec | dict[str, Any]):
         """POST /workflows -> WorkflowCreated (id, name, status, steps)."""
         body = validated(WorkflowSpec, workflow)
+        return self._call(Call("POST", "/workflows", _model(models.WorkflowCreated), body=body))
+
+    def start(self, name: str, input: Any = None, **options: Any):
+        """POST /workflows with code: start the code workflow `name` (@qforge.workflow) ->
+        WorkflowCreated. Options: tags, idempotency_key, deadline_seconds, queue."""
+        body = validated(CodeWorkflowSpec, {"code": name, "input": input, **options})
         return self._call(Call("POST", "/workflows", _model(models.WorkflowCreated), body=body))
 
     def get_workflow(self, workflow_id: UUID | str):

@@ -22,6 +22,7 @@ from qforge.events import types as ev
 from qforge.events.states import PENDING, WAITING, WORKFLOW_FINISHED
 from qforge.events.types import NewEvent
 from qforge.settings import get_settings
+from qforge.workflows import durable
 from qforge.sql import q
 
 # A trigger wait without timeout never fires (PostgreSQL's 'infinity' would not load in Python).
@@ -64,6 +65,11 @@ def advance(conn, workflow_ids: list[uuid.UUID], *, now: datetime | None = None,
             # the rules then look again, a bounded number of times (each round ends a step).
             for _ in range(MAX_ROUNDS):
                 workflow, steps = load(cur, workflow_id, elements=False)
+                if workflow.get("code") and workflow["status"] not in WORKFLOW_FINISHED:
+                    if durable.advance_code(conn, cur, workflow, steps, clock, now=now, actor=actor) \
+                            and workflow.get("parent_job_id"):
+                        _tell_parent(conn, workflow_id, actor=actor, now=now)
+                    break
                 if workflow["status"] in WORKFLOW_FINISHED or not _round(conn, cur, workflow, steps, clock,
                                                                          now, actor):
                     break

@@ -24,6 +24,7 @@ from qforge.events import types as ev
 from qforge.events.states import BLOCKED, CANCELLED, DEAD, RUNNING, SKIPPED, WAITING, WORKFLOW_FINISHED, allows
 from qforge.events.types import NewEvent
 from qforge.sql import q
+from qforge.workflows import durable
 
 # What a resume runs again: every step that ended without succeeding.
 REOPENABLE = frozenset({DEAD, CANCELLED, SKIPPED})
@@ -54,6 +55,8 @@ def resume(conn, workflow_id: uuid.UUID, *, actor: str = "api", now: datetime | 
         if not allows("workflow", workflow["status"], ev.WorkflowResumed.type):
             raise Conflict(f"workflow {workflow_id} is {workflow['status']};"
                            " only a failed or cancelled workflow can be resumed")
+        if workflow.get("code"):
+            return durable.resume_code(conn, cur, workflow, rows, actor=actor, now=now)
         states = {row["step"]: step_state(row) for row in split_elements(rows)[0]}
         names = steps_to_reopen(states, set(states))
         _reopen(conn, cur, workflow, rows, names, "resume", actor=actor, now=now)
@@ -66,6 +69,11 @@ def reopen_step(conn, cur, workflow_id: uuid.UUID, step: str, *, actor: str,
     or cancelled step and what it took down with it; the workflow too, if it had failed or was
     cancelled (409 for a succeeded one: nothing of it is left to run)."""
     workflow, rows = load(cur, workflow_id)
+    if workflow.get("code"):  # a code workflow's steps run again only with the whole workflow
+        if not allows("workflow", workflow["status"], ev.WorkflowResumed.type):
+            raise Conflict(f"step '{step}' belongs to code workflow {workflow_id}, which is {workflow['status']};"
+                           " its steps run again when the workflow is resumed after it failed")
+        return durable.resume_code(conn, cur, workflow, rows, actor=actor, now=now)
     if workflow["status"] in WORKFLOW_FINISHED \
             and not allows("workflow", workflow["status"], ev.WorkflowResumed.type):
         raise Conflict(f"step '{step}' belongs to workflow {workflow_id}, which {workflow['status']};"

@@ -21,6 +21,7 @@ from qforge.events.ids import new_id
 from qforge.events.states import JOB_ACTIVE, RUNNING, WAITING, WORKFLOW_FINISHED
 from qforge.events.types import NewEvent
 from qforge.sql import q
+from qforge.workflows.submitted import store_submitted
 
 
 def _step_data(step: StepSpec, handlers: dict[str, list[str]], now: datetime) -> ev.Enqueued:
@@ -87,13 +88,9 @@ def submit_plan(spec: WorkflowSpec, *, actor: str = "api", now: datetime | None 
         deadline_seconds=spec.deadline_seconds, definition=definition, parent=parent,
         deadline_at=(clock + timedelta(seconds=spec.deadline_seconds)
                      if spec.deadline_seconds is not None else None))
-    [stored] = yield [Statement(q("workflow_submit"), {
-        "id": workflow_id, "data": json.dumps(submitted.model_dump(mode="json", exclude_none=True)),
-        "tags": json.dumps(spec.tags), "now": now, "actor": actor}, fetch=True)]
-    if not stored:
-        [existing] = yield [Statement(q("workflow_by_idempotency_key"), {"key": spec.idempotency_key},
-                                      fetch=True)]
-        return existing[0][0], False
+    existing = yield from store_submitted(workflow_id, submitted, spec.tags, actor=actor, now=now)
+    if existing is not None:
+        return existing, False
     rows = [job_row(new_id(), _step_data(step, handlers, clock), spec.tags, workflow_id)
             for step in spec.steps]
     yield [Statement(q("job_enqueue"), {"jobs": json.dumps(rows), "actor": actor, "now": now})]

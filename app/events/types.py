@@ -186,6 +186,9 @@ class WorkflowSubmitted(EventData):
     deadline_at: datetime | None = None  # submitted + deadline_seconds: then it fails with reason deadline
     definition: dict[str, Any] | None = None  # {"name", "version"}: the stored definition it runs
     parent: dict[str, Any] | None = None  # {"workflow_id", "step", "job_id", "depth"}: a sub-workflow's
+    # a workflow written as code: the @qforge.workflow name it runs and its input (steps is [])
+    code: str | None = None
+    input: Any = None
 
 
 class WorkflowSucceeded(EventData):

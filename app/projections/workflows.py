@@ -10,12 +10,13 @@ from psycopg.rows import dict_row
 from qforge.events.states import BLOCKED, JOB_ACTIVE, RUNNING, WAITING
 from qforge.projections.pages import fetch_page
 from qforge.sql import q
+from qforge.workflows import journal as code_journal
 
 NEVER_YEAR = 9999  # a trigger wait without timeout waits "until" 9999-12-31: no until
 
 # GET /workflows/{id}.
 WORKFLOW_FIELDS = ("id", "name", "status", "tags", "created_at", "finished_at", "error", "result",
-                   "deadline_seconds", "deadline_at")
+                   "deadline_seconds", "deadline_at", "code", "input")
 STEP_FIELDS = ("step", "status", "job_id", "depends_on", "output", "error", "attempts",
                "started_at", "finished_at")
 
@@ -40,7 +41,12 @@ def step_view(row: dict[str, Any], declared: dict[str, Any] | None = None) -> di
 
 
 def ordered_steps(workflow: dict[str, Any], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Steps in the order the definition declared them."""
+    """Steps in the order the definition declared them (a code workflow's: as its function
+    scheduled them; its activations are not steps)."""
+    if workflow.get("code"):
+        order = code_journal.step_order(steps)
+        return sorted((r for r in steps if not code_journal.is_activation(r)),
+                      key=lambda row: (order.get(row["step"], len(order)), row["step"] or ""))
     declared = [s.get("step") for s in workflow.get("definition") or [] if isinstance(s, dict)]
     rank = {name: index for index, name in enumerate(declared)}
     return sorted(steps, key=lambda row: (rank.get(row["step"], len(rank)), row["step"] or ""))
@@ -85,6 +91,7 @@ def workflow_view(workflow: dict[str, Any], rows: list[dict[str, Any]],
     sub-workflow id) links workflow steps to their latest child."""
     view = {name: workflow.get(name) for name in WORKFLOW_FIELDS}
     view["waiting_on"] = waiting_on(workflow, [row for row in rows if not row.get("element_of")])
+
     view["parent"] = ({"workflow_id": workflow["parent_workflow_id"], "step": workflow["parent_step"]}
                       if workflow.get("parent_workflow_id") else None)
     view["definition"] = ({"name": workflow["definition_name"], "version": workflow["definition_version"]}
@@ -101,6 +108,7 @@ def workflow_view(workflow: dict[str, Any], rows: list[dict[str, Any]],
                                        if row["step"] in fanned else {})
                      | ({"child_workflow_id": (children or {}).get(row["id"])}
                         if row.get("step_type") == "workflow" else {})
+                     | ({"input": row.get("payload")} if workflow.get("code") else {})
                      for row in ordered_steps(workflow, steps)]
     return view
 
@@ -113,7 +121,10 @@ def get_workflow_rows(conn, workflow_id: UUID) -> tuple[dict, list[dict]] | None
         if workflow is None:
             return None
         cur.execute(q("workflow_steps"), {"id": workflow_id})
-        return workflow, ordered_steps(workflow, cur.fetchall())
+        rows = cur.fetchall()
+        if workflow.get("code"):  # a code workflow's order comes from its activations: keep them
+            return workflow, rows
+        return workflow, ordered_steps(workflow, rows)
 
 
 def get_workflow(conn, workflow_id: UUID) -> dict[str, Any] | None:

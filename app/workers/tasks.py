@@ -20,7 +20,7 @@ RESULT_CHECK = json.JSONEncoder(allow_nan=False)
 
 # Handled by executors.py before the registry is consulted, so a Python task of
 # the same name could never run.
-RESERVED_TASK_NAMES = frozenset({"shell", "http"})
+RESERVED_TASK_NAMES = frozenset({"shell", "http", "qforge.workflow"})  # the last: code workflows' runs
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,8 @@ from qforge.workers import isolation, reporting
 from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, Reconnecting, connect_async, describe
 from qforge.workers.executors import execute
 from qforge.workers.tasks import TaskContext, registered_task_names
+from qforge.workflows import activation, durable
+from qforge.workflows import journal as code_journal
 
 log = logging.getLogger("qforge.worker")
 
@@ -99,6 +101,10 @@ class Worker:
                                                            *(["shell"] if allow_shell else [])})))
         self.db = Reconnecting(url, f"qforge-worker {name}", setup=plan_generically)
         self.db_thread = ThreadPoolExecutor(1, thread_name_prefix="qforge-db")
+        # Runs of code workflows read their workflow's rows on a connection of their own, so a read
+        # does not queue behind the exchanges (made on first use: most workers never need it).
+        self.history_db: Reconnecting | None = None
+        self.history_thread = ThreadPoolExecutor(1, thread_name_prefix="qforge-history")
         self.task_threads = ThreadPoolExecutor(concurrency, thread_name_prefix="qforge-task")
         self.running: dict[UUID, Running] = {}
         self.free_slots = list(range(concurrency - 1, -1, -1))  # pop() hands out slot 0 first
@@ -146,6 +152,9 @@ class Worker:
                 loop.remove_signal_handler(signum)
             await loop.run_in_executor(self.db_thread, self.db.close)
             self.db_thread.shutdown()
+            if self.history_db is not None:
+                await loop.run_in_executor(self.history_thread, self.history_db.close)
+            self.history_thread.shutdown()
 
     async def _serve(self) -> None:
         heartbeat = self.settings.heartbeat_seconds
@@ -273,9 +282,17 @@ class Worker:
         self.free_slots.append(run.slot)
         if outcome is not None and not run.abandoned:
             (self.completions if ok else self.failures).append(outcome)
+            if job.workflow_id is not None:
+                # what the report unblocks (the next step, the next run of a code workflow's
+                # function) is claimable in the report's own transaction: claim with it
+                self.claim_wanted = True
         self.wake.set()
 
     async def _execute(self, job: ClaimedJob) -> Any:
+        if job.task == code_journal.TASK and job.workflow_id is not None:
+            # a code workflow's function (qforge.workflows): replayed against the rows of its workflow
+            workflow, rows = await self._read_history(job.workflow_id)
+            return await activation.activate(workflow, rows, thread_pool=self.task_threads)
         ctx = TaskContext(job_id=job.id, attempt=job.attempt, task=job.task, queue=job.queue,
                           workflow_id=job.workflow_id, step=job.step, timeout_seconds=job.timeout_seconds,
                           allow_shell=self.allow_shell, policy=self.task_policy)
@@ -290,6 +307,13 @@ class Worker:
                 message = f"job timed out after {job.timeout_seconds:g}s (timeout_seconds)"
                 raise reporting.JobTimedOut(message) from None
             raise
+
+    async def _read_history(self, workflow_id: UUID) -> tuple[dict, list[dict]]:
+        if self.history_db is None:
+            self.history_db = Reconnecting(self.url, f"qforge-worker {self.name} history")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.history_thread, functools.partial(
+            self.history_db.run, durable.read_history, workflow_id))
 
     def _abandon(self, run: Running) -> None:
         run.abandoned = True

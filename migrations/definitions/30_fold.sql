@@ -145,7 +145,7 @@ BEGIN
                            error, created_at, updated_at, finished_at, last_position, chain,
                            result_from, result, deadline_seconds, deadline_at,
                            definition_name, definition_version, parent_workflow_id, parent_job_id,
-                           parent_step, nesting)
+                           parent_step, nesting, code, input)
     SELECT e.stream_id, e.version, e.data ->> 'name',
            coalesce(state_target('workflow', NULL, e.type, NULL),
                     state_refuse('workflow', NULL, e.type, NULL, e.stream_id)),
@@ -155,7 +155,8 @@ BEGIN
            (e.data ->> 'deadline_at')::timestamptz,
            e.data -> 'definition' ->> 'name', (e.data -> 'definition' ->> 'version')::integer,
            (e.data -> 'parent' ->> 'workflow_id')::uuid, (e.data -> 'parent' ->> 'job_id')::uuid,
-           e.data -> 'parent' ->> 'step', (e.data -> 'parent' ->> 'depth')::integer
+           e.data -> 'parent' ->> 'step', (e.data -> 'parent' ->> 'depth')::integer,
+           e.data ->> 'code', e.data -> 'input'
       FROM new_events e
      WHERE e.stream_type = 'workflow' AND e.version = 1;
     END IF;

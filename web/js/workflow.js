@@ -169,6 +169,7 @@ export function mountWorkflow(container, workflowId) {
       panel.append(form);
       if (hadFocus) textarea.focus();
     }
+    if (step.input != null) panel.append(h("h3", null, "Input"), codeBlock(step.input));
     if (step.error != null && step.error !== "") {
       panel.append(h("h3", null, "Error"), codeBlock(step.error, "error"));
     }
@@ -230,7 +231,8 @@ export function mountWorkflow(container, workflowId) {
           workflow.parent ? h("span", { id: "workflow-parent" }, "sub-workflow of ",
             workflowLink(workflow.parent.workflow_id), ` (step ${workflow.parent.step})`) : null,
           workflow.definition ? h("span", null,
-            `definition ${workflow.definition.name} v${workflow.definition.version}`) : null),
+            `definition ${workflow.definition.name} v${workflow.definition.version}`) : null,
+          workflow.code ? h("span", { id: "workflow-code" }, `code ${workflow.code}`) : null),
         statusCounts(steps)),
       h("div", { class: "actions" }, actions));
   }

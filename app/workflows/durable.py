@@ -1,0 +1,246 @@
+"""Code workflows on the job machinery: start one, and advance it when a step or an activation ends.
+
+A code workflow is a workflow row (WorkflowSubmitted with `code` and `input`)
+whose jobs are its steps and its activations (qforge.workflows.journal). It
+resumes by re-running: when what the last activation waited on has finished, a
+new activation job is enqueued; a worker claims it like any job, replays the
+function (qforge.workflows.activation) and its Succeeded result is turned here,
+in the completion's transaction and under the workflow's lock, into the new
+steps (jobs), a timer, a trigger wait, or the workflow's end. Waiting holds no
+worker slot: between activations the function exists only in the log.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from psycopg.rows import dict_row
+from pydantic import ConfigDict, Field, field_validator
+
+from qforge.commands.enqueue import job_row
+from qforge.commands.plan import Plan, Statement
+from qforge.commands.plan import run as plan_run
+from qforge.commands.specs import NAME_PATTERN, Storable, check_tags
+from qforge.events import store
+from qforge.events import types as ev
+from qforge.events.ids import new_id
+from qforge.events.states import (CANCELLED, DEAD, JOB_ACTIVE, JOB_FINISHED, PENDING, RUNNING, SKIPPED, SUCCEEDED,
+                                  WAITING)
+from qforge.events.types import NewEvent
+from qforge.sql import q
+from qforge.workflows import journal
+from qforge.workflows.replay import STEP_OPS
+from qforge.workflows.submitted import store_submitted
+
+NEVER = datetime(9999, 12, 31, tzinfo=timezone.utc)  # a trigger wait without timeout
+# An activation that crashes (its worker killed) runs again: a crash is not the function's fault,
+# so it gets many tries; the function's own errors end the workflow at once (activation.failed).
+ACTIVATION_RETRIES = 20
+
+
+class CodeWorkflowSpec(Storable):
+    """POST /workflows with `code`: `{"code", "input"?, "tags"?, "idempotency_key"?,
+    "deadline_seconds"?, "queue"?}` (queue: where its activations run; default "default")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    code: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN,
+                      description="the @qforge.workflow name of the function")
+    input: Any = None
+    tags: dict[str, str] = Field(default_factory=dict)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    deadline_seconds: float | None = Field(default=None, gt=0, le=365 * 86400)
+    queue: str = Field(default="default", pattern=NAME_PATTERN)
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, tags: dict[str, str]) -> dict[str, str]:
+        return check_tags(tags)
+
+
+def activation_row(workflow_id: uuid.UUID, number: int, queue: str, tags: dict[str, str],
+                   due: datetime | None = None) -> dict[str, Any]:
+    data = ev.Enqueued(task=journal.TASK, queue=queue, max_retries=ACTIVATION_RETRIES, payload={"n": number},
+                       step=f"@{number}", step_type=journal.ACTIVATION, run_at=due)
+    return job_row(new_id(), data, tags, workflow_id)
+
+
+def start_plan(spec: CodeWorkflowSpec, *, actor: str, now: datetime | None = None,
+               parent: dict[str, Any] | None = None) -> Plan[tuple[uuid.UUID, bool]]:
+    """The workflow and its first activation, as statements (the caller's transaction, or the API's)."""
+    clock = now or datetime.now(timezone.utc)
+    workflow_id = new_id()
+    submitted = ev.WorkflowSubmitted(
+        name=spec.code, code=spec.code, input=spec.input, steps=[], idempotency_key=spec.idempotency_key,
+        deadline_seconds=spec.deadline_seconds, parent=parent,
+        deadline_at=clock + timedelta(seconds=spec.deadline_seconds) if spec.deadline_seconds else None)
+    existing = yield from store_submitted(workflow_id, submitted, spec.tags, actor=actor, now=now)
+    if existing is not None:
+        return existing, False
+    yield [Statement(q("job_enqueue"), {"jobs": json.dumps([activation_row(workflow_id, 1, spec.queue, spec.tags)]),
+                                        "actor": actor, "now": now})]
+    return workflow_id, True
+
+
+def read_history(conn, workflow_id: uuid.UUID) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The workflow's row and all its job rows: what an activation replays."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q("workflow_get"), {"id": workflow_id})
+        workflow = cur.fetchone()
+        cur.execute(q("workflow_steps"), {"id": workflow_id})
+        return workflow, cur.fetchall()
+
+
+def step_event(op: dict[str, Any], clock: datetime, due: datetime | None = None) -> ev.Enqueued:
+    """The job a new operation of the function becomes (a task step due at `due`, see advance_code)."""
+    after = list(op.get("after") or [])
+    if op["op"] == "sleep":
+        return ev.Enqueued(task="sleep", step=op["step"], step_type="sleep", status=WAITING,
+                           run_at=clock + timedelta(seconds=op["seconds"]), seconds=op["seconds"], depends_on=after)
+    if op["op"] == "child":  # waits for its sub-workflow (qforge.commands.subflows ends it)
+        return ev.Enqueued(task="workflow", step=op["step"], step_type="workflow", status=WAITING, run_at=NEVER,
+                           payload={"workflow": op["workflow"], "input": op.get("input")}, depends_on=after)
+    if op["op"] == "wait":
+        timeout = op.get("timeout")
+        return ev.Enqueued(task="wait_for_trigger", step=op["step"], step_type="wait_for_trigger", status=WAITING,
+                           run_at=NEVER if timeout is None else clock + timedelta(seconds=timeout),
+                           timeout_seconds=timeout, depends_on=after)
+    options = dict(op.get("options") or {})
+    delay = options.pop("delay_seconds", None)
+    return ev.Enqueued(task=op["task"], payload=op.get("payload") or {}, step=op["step"], step_type="task",
+                       status=PENDING, run_at=clock + timedelta(seconds=delay) if delay else due,
+                       depends_on=after, **options)
+
+
+def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]], clock: datetime, *,
+                 now: datetime | None, actor: str) -> bool:
+    """Act on what the newest activation decided (the caller holds the workflow's lock); True when
+    the workflow ended."""
+    runs = journal.activations(rows)
+    last = runs[-1]
+    steps = {row["step"]: row for row in rows if not journal.is_activation(row)}
+    if last["status"] in JOB_ACTIVE:
+        return False  # the function is running, or about to: it will see what happened
+    if last["status"] != SUCCEEDED:  # it crashed more often than it may, or was cancelled
+        _end(conn, workflow, rows, {"status": "failed", "reason": "error", "error": (
+            f"error: the workflow function's run {last['step']} {last['status']}: {last.get('last_error')}")},
+            now=now, actor=actor)
+        return True
+    decided = journal.decisions(last)
+    if decided.get("outcome"):  # steps it started and never waited for do not run
+        _end(conn, workflow, rows, decided["outcome"], now=now, actor=actor)
+        return True
+    new = [op for op in decided.get("ops", []) if op.get("op") in STEP_OPS and op["step"] not in steps]
+    # A running workflow's next step and run are due since the workflow started: among equal
+    # priorities, work of older workflows is claimed before a backlog of newer ones (the claim's
+    # order is run_at), so each workflow's step-to-step latency is not the whole backlog's.
+    due = workflow["created_at"]
+    rows_in = [job_row(new_id(), step_event(op, clock, due), workflow["tags"], workflow["id"]) for op in new]
+    if rows_in:
+        cur.execute(q("job_enqueue"), {"jobs": json.dumps(rows_in), "actor": actor, "now": now})
+    finished = {name for name, row in steps.items() if row["status"] in JOB_FINISHED}
+    finished |= {op["step"] for op, row in zip(new, rows_in)  # a child that could not start
+                 if op["op"] == "child" and _start_child(conn, workflow, op, row["id"], last["queue"],
+                                                         actor=actor, now=now)}
+    # What it waited on may have finished while it ran (their advance found it running): wake it now.
+    if all(name in finished for name in decided.get("waiting_on", [])):
+        row = activation_row(workflow["id"], len(runs) + 1, last["queue"], workflow["tags"], due)
+        cur.execute(q("job_enqueue"), {"jobs": json.dumps([row]), "actor": actor, "now": now})
+    return False
+
+
+MAX_NESTING = 10  # as for graph workflows' sub-workflows
+
+
+def _start_child(conn, workflow: dict[str, Any], op: dict[str, Any], job_id: str, queue: str, *, actor: str,
+                 now: datetime | None) -> bool:
+    """Start ctx.child's sub-workflow: the stored definition of that name if there is one, else the
+    code workflow (the API, the monitor and workers all advance, and only workers know functions).
+    One that cannot start ends its step at once (the function gets StepFailed): then True."""
+    from qforge.commands.definitions import get_definition, start_definition  # definitions -> advance -> here
+    from qforge.commands.errors import CommandError
+
+    depth = (workflow.get("nesting") or 0) + 1
+    parent = {"workflow_id": str(workflow["id"]), "step": op["step"], "job_id": job_id, "depth": depth}
+    problem = None
+    try:
+        if depth > MAX_NESTING:
+            problem = f"sub-workflows nest more than {MAX_NESTING} deep (a workflow that starts itself?)"
+        elif get_definition(conn, op["workflow"]) is not None:
+            inputs = op.get("input")
+            start_definition(conn, op["workflow"], inputs if inputs is not None else {}, actor=actor, now=now,
+                             parent=parent)
+        else:
+            spec = CodeWorkflowSpec(code=op["workflow"], input=op.get("input"), tags=workflow["tags"],
+                                    queue=queue)
+            plan_run(conn, start_plan(spec, actor=actor, now=now, parent=parent))
+    except (CommandError, ValueError) as error:
+        problem = f"could not start sub-workflow {op['workflow']!r}: {error}"
+    if problem is None:
+        return False
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q("job_lock"), {"ids": [job_id]})
+        row = cur.fetchone()
+    base: dict[str, Any] = dict(stream_id=row["id"], tags=row["tags"], workflow_id=workflow["id"])
+    store.append(conn, [NewEvent(**base, version=row["version"] + 1, data=ev.Failed(
+                            attempt=0, reason="child_workflow", error=problem)),
+                        NewEvent(**base, version=row["version"] + 2, data=ev.DeadLettered(
+                            attempt=0, error=problem))], actor=actor, now=now)
+    return True
+
+
+def _end(conn, workflow: dict[str, Any], rows: list[dict[str, Any]], outcome: dict[str, Any], *,
+         now: datetime | None, actor: str) -> None:
+    """The function returned (or failed): steps it started and never waited for are cancelled."""
+    workflow_id = workflow["id"]
+    with conn.cursor(row_factory=dict_row) as locking:  # a heartbeat may have moved them on: re-read locked
+        locking.execute(q("job_lock"), {"ids": sorted(r["id"] for r in rows if r["status"] in JOB_ACTIVE)})
+        rows = locking.fetchall()
+    events = [NewEvent(stream_id=r["id"], version=r["version"] + 1, tags=r["tags"], workflow_id=workflow_id,
+                       data=(ev.Cancelled(reason="the workflow function returned") if r["status"] == RUNNING
+                             else ev.Skipped(reason="the workflow function returned")))
+              for r in rows if r["status"] in JOB_ACTIVE]
+    data: ev.EventData = (ev.WorkflowSucceeded(result=outcome.get("result")) if outcome["status"] == SUCCEEDED
+                          else ev.WorkflowFailed(error=outcome.get("error"), reason=outcome.get("reason")))
+    events.append(NewEvent(stream_id=workflow_id, version=workflow["version"] + 1, data=data,
+                           tags=workflow["tags"], workflow_id=workflow_id))
+    store.append(conn, events, actor=actor, now=now)
+
+
+REOPENABLE = frozenset({DEAD, CANCELLED, SKIPPED})
+
+
+def resume_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]], *, actor: str,
+                now: datetime | None) -> list[str]:
+    """Resume a failed or cancelled code workflow (workflow locked): its steps that did not succeed
+    run again, those that did keep their results, and a new run of the function replays from the
+    top (with the code deployed now: resuming after a fix goes on with the fix)."""
+    clock = now or datetime.now(timezone.utc)
+    reopened = sorted((r for r in rows if not journal.is_activation(r) and r["status"] in REOPENABLE),
+                      key=lambda r: r["id"])
+    cur.execute(q("job_lock"), {"ids": [r["id"] for r in reopened]})
+    names = [r["step"] for r in cur.fetchall()]
+    deadline_at = (clock + timedelta(seconds=workflow["deadline_seconds"])
+                   if workflow.get("deadline_seconds") is not None else None)
+    events = [NewEvent(stream_id=workflow["id"], version=workflow["version"] + 1, tags=workflow["tags"],
+                       workflow_id=workflow["id"], data=ev.WorkflowResumed(
+                           steps=names, reason="resume", deadline_at=deadline_at))]
+    for row in reopened:
+        waits = row["step_type"] in ("sleep", "wait_for_trigger")
+        run_at = (clock + timedelta(seconds=row["sleep_seconds"] if row["step_type"] == "sleep"
+                                    else row["timeout_seconds"] or 0) if waits else clock)
+        if row["step_type"] == "wait_for_trigger" and row["timeout_seconds"] is None:
+            run_at = NEVER
+        events.append(NewEvent(stream_id=row["id"], version=row["version"] + 1, tags=row["tags"],
+                               workflow_id=workflow["id"], data=ev.StepReopened(
+                                   status=WAITING if waits else PENDING, run_at=run_at, reason="resume")))
+    store.append(conn, events, actor=actor, now=now)
+    runs = journal.activations(rows)
+    queue = runs[-1]["queue"] if runs else "default"
+    cur.execute(q("job_enqueue"), {"jobs": json.dumps([activation_row(workflow["id"], len(runs) + 1, queue,
+                                                                      workflow["tags"])]),
+                                   "actor": actor, "now": now})
+    return names

@@ -1,0 +1,134 @@
+"""Code workflows, QForge beside DBOS Transact on the same PostgreSQL: a 10-step sequential workflow and
+one step then a fan-out of 10, N of each: workflows/s, CPU per step (the workers and PostgreSQL),
+step-to-next-step latency p50/p99 (a step's start minus the end of the step it waited for, both
+taken inside the step functions).
+
+    python bench/code_vs_dbos.py [--server-url postgresql://postgres@127.0.0.1:5432/postgres] [--count 1000]
+
+QForge: two `qforge worker --concurrency 16` processes. DBOS 3.x: one process, queues of 32 with a
+0.1 s polling interval (its default is 1 s), from the venv .venv-dbos (pip install dbos).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import psutil
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import recreate  # noqa: E402
+
+HERE = Path(__file__).parent
+QFORGE = Path(sys.executable).parent / "qforge"
+DBOS_PYTHON = HERE.parent / ".venv-dbos" / "bin" / "python"
+STEPS = {"sequential": 10, "fan_out": 11}
+
+
+def postgres_cpu() -> float:
+    """CPU seconds of the benchmark server (PostgreSQL 15 from the system packages): the postmaster's
+    own and its exited children's (reaped backends), plus its live children's."""
+    total = 0.0
+    for process in psutil.process_iter(["name", "exe", "ppid"]):
+        try:
+            if process.info["name"] != "postgres" or "/postgresql/15/" not in (process.info["exe"] or ""):
+                continue
+            times = process.cpu_times()
+            total += times.user + times.system
+            if psutil.Process(process.info["ppid"]).name() != "postgres":  # the postmaster
+                total += times.children_user + times.children_system
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
+
+
+def gaps(shape: str, result: list) -> list[float]:
+    """Step-to-next-step latencies of one workflow's result (each step returns its t0 and t1)."""
+    if shape == "sequential":
+        return [after["t0"] - before["t1"] for before, after in zip(result, result[1:])]
+    first, group = result
+    return [step["t0"] - first["t1"] for step in group]
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def qforge_side(url: str, shape: str, count: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(HERE), "QFORGE_POLL_INTERVAL_SECONDS": "1"}
+    workers = [subprocess.Popen([str(QFORGE), "worker", "--database-url", url, "--concurrency", "16",
+                                 "--tasks", "bench_code_tasks", "--name", f"bench-{i}"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(2)]
+    try:
+        time.sleep(3)  # both workers up and idle before the clock starts
+        import qforge
+        procs = [psutil.Process(w.pid) for w in workers]
+        cpu_before = sum(sum(p.cpu_times()[:2]) for p in procs)
+        pg_before = postgres_cpu()
+        started = time.perf_counter()
+        with psycopg.connect(url) as conn:
+            ids = [qforge.start(conn, f"bench_{shape}") for _ in range(count)]
+            conn.commit()
+            while conn.execute("SELECT count(*) FROM workflows WHERE status = 'running'").fetchone()[0]:
+                time.sleep(0.05)
+            wall = time.perf_counter() - started
+            cpu = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu_before
+            pg = postgres_cpu() - pg_before
+            rows = conn.execute("SELECT status, result FROM workflows WHERE id = ANY(%s)", (ids,)).fetchall()
+        assert all(status == "succeeded" for status, _ in rows), {status for status, _ in rows}
+        return {"wall": wall, "cpu": cpu, "pg_cpu": pg, "results": [result for _, result in rows]}
+    finally:
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            worker.wait(timeout=30)
+
+
+def dbos_side(url: str, shape: str, count: int) -> dict:
+    pg_before = postgres_cpu()
+    done = subprocess.run([str(DBOS_PYTHON), str(HERE / "peer_dbos_workflows.py"), url, shape, str(count)],
+                          capture_output=True, text=True, check=True, timeout=3600)
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    measured["pg_cpu"] = postgres_cpu() - pg_before  # includes its launch and shutdown
+    return measured
+
+
+def report(system: str, shape: str, count: int, measured: dict) -> dict:
+    latencies = [gap for result in measured["results"] for gap in gaps(shape, result)]
+    steps = count * STEPS[shape]
+    row = {"system": system, "shape": shape, "workflows": count,
+           "workflows_per_s": round(count / measured["wall"], 1),
+           "cpu_ms_per_step": round((measured["cpu"] + measured["pg_cpu"]) * 1000 / steps, 3),
+           "worker_cpu_ms_per_step": round(measured["cpu"] * 1000 / steps, 3),
+           "pg_cpu_ms_per_step": round(measured["pg_cpu"] * 1000 / steps, 3),
+           "step_to_step_p50_ms": round(percentile(latencies, 0.5) * 1000, 2),
+           "step_to_step_p99_ms": round(percentile(latencies, 0.99) * 1000, 2)}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--server-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--only", choices=["qforge", "dbos"], default=None)
+    args = parser.parse_args()
+    for shape in ("sequential", "fan_out"):
+        if args.only in (None, "qforge"):
+            url = recreate(args.server_url, "qf_code_bench")
+            subprocess.run([str(QFORGE), "migrate", "--database-url", url], check=True, capture_output=True)
+            report("qforge", shape, args.count, qforge_side(url, shape, args.count))
+        if args.only in (None, "dbos"):
+            url = recreate(args.server_url, "dbos_code_bench")
+            report("dbos", shape, args.count, dbos_side(url, shape, args.count))
+
+
+if __name__ == "__main__":
+    main()
