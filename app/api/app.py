@@ -129,11 +129,14 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
     return replayed
 
 
-def create_app(database_url: str | None = None, *, settings: Settings | None = None) -> FastAPI:
+def create_app(database_url: str | None = None, *, settings: Settings | None = None,
+               readonly_url: str | None = None) -> FastAPI:
     """The API. `database_url` overrides QFORGE_DATABASE_URL; neither means the embedded
-    server. The database is reached on first use, not at startup."""
+    server. `readonly_url`: the read-only role's, for the reads and the event stream (else
+    QFORGE_READONLY_DATABASE_URL, else they use `database_url` too). The database is
+    reached on first use, not at startup."""
     settings = settings or get_settings()
-    resources = Resources(settings, database_url)
+    resources = Resources(settings, database_url, readonly_url=readonly_url or settings.readonly_database_url)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

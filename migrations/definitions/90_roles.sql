@@ -59,6 +59,8 @@ INSERT INTO role_table_privileges (kind, object, privileges) VALUES
     -- every role reads the rest of the schema
     ('read', '*', 'SELECT'), ('api', '*', 'SELECT'), ('worker', '*', 'SELECT'), ('monitor', '*', 'SELECT'),
     ('read', 'tokens', 'SELECT'), ('api', 'tokens', 'SELECT'),
+    -- stream_head() names every stream table: the chain's head, not the names
+    ('worker', 'tokens', 'SELECT (id, chain)'), ('monitor', 'tokens', 'SELECT (id, chain)'),
     -- the log: appends, filtered by type (role_event_types)
     ('api', 'events', 'INSERT'), ('worker', 'events', 'INSERT'), ('monitor', 'events', 'INSERT'),
     -- what the fold of their events writes (30_fold, 35_counters, 60_definitions, 65_flow)
