@@ -106,7 +106,7 @@ SELECT 'worker', unnest(ARRAY[
     'WorkflowSubmitted', 'WorkflowSucceeded', 'WorkflowFailed', 'WorkflowCancelled'])
 UNION ALL
 SELECT 'monitor', unnest(ARRAY[
-    'Enqueued', 'StepUnblocked', 'Skipped', 'Failed', 'Retried', 'DeadLettered', 'Released', 'Cancelled',
+    'Enqueued', 'StepUnblocked', 'Skipped', 'Succeeded', 'Failed', 'Retried', 'DeadLettered', 'Released', 'Cancelled',
     'Triggered', 'WorkflowSubmitted', 'WorkflowSucceeded', 'WorkflowFailed', 'WorkflowCancelled',
     'ScheduleFired', 'ScheduleSkipped'])
 UNION ALL
@@ -123,7 +123,7 @@ INSERT INTO role_functions (kind, function) VALUES
     ('api', 'stream_ticket_mac(bytea)'), ('read', 'stream_ticket_mac(bytea)'),
     -- the log's partitions: DDL, which only the owner of the log may run
     ('monitor', 'log_maintain()'), ('api', 'log_maintain()'), ('worker', 'log_maintain()'),
-    ('monitor', 'log_close_current()'),
+    ('monitor', 'log_close_current()'), ('monitor', 'log_settle_lock()'),
     ('monitor', 'log_pack_begin(bigint)'), ('monitor', 'log_pack_fill(bigint,bigint)'),
     ('monitor', 'log_pack_finish(bigint,bigint)'), ('monitor', 'log_pack_make_index(bigint,text)');
 
@@ -185,6 +185,9 @@ BEGIN
         END LOOP;
         IF EXISTS (SELECT FROM role_table_privileges p WHERE p.kind = k AND p.object = 'events') THEN
             EXECUTE format('GRANT USAGE ON ALL SEQUENCES IN SCHEMA %I TO %I', schema_name, role);
+        END IF;
+        IF true THEN  -- where the log's next position is (log_next_position)
+            EXECUTE format('GRANT SELECT ON ALL SEQUENCES IN SCHEMA %I TO %I', schema_name, role);
         END IF;
     END LOOP;
 
