@@ -544,8 +544,11 @@ def _attach(pgdata: Path, cleanup_mode: CleanupMode, deadline: float) -> tuple[A
                     pass
             except psycopg.OperationalError as exc:
                 # An error the server itself sent (too many clients, ...) still
-                # proves it runs; only "starting up / in recovery" means wait.
-                if exc.sqlstate is None or exc.sqlstate == "57P03":
+                # proves it runs; only "starting up / in recovery" means wait. So
+                # does its asking for a password (embedded_credentials made it ask:
+                # libpq then gives up by itself, without a SQLSTATE).
+                asked_password = "no password supplied" in str(exc)
+                if (exc.sqlstate is None and not asked_password) or exc.sqlstate == "57P03":
                     raise
             return server, url
         except (psycopg.Error, subprocess.SubprocessError, AssertionError, OSError, ValueError) as exc:

@@ -317,8 +317,10 @@ def _apply(conn: psycopg.Connection, source: Source, role_prefix: str) -> list[s
             for gone in (f for f in definitions if f.state == "removed"):
                 conn.execute(q("schema_forget"), {"name": gone.name})
             applied += [f.name for f in definitions if f.state in ("stale", "new")]
-        if conn.execute(q("schema_has_roles")).fetchone()[0]:  # (a test's own source may lack it)
-            conn.execute(q("schema_roles_apply"), {"prefix": role_prefix}).fetchall()
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(q("schema_has_roles"))
+            if cur.fetchone()["present"]:  # (a test's own source may lack it)
+                cur.execute(q("schema_roles_apply"), {"prefix": role_prefix})
     return applied
 
 

@@ -54,7 +54,7 @@ UPDATE schema_migrations SET checksum = %(checksum)s, kind = 'versioned' WHERE n
 
 
 -- name: schema_has_roles
-SELECT to_regprocedure('roles_apply(text)') IS NOT NULL
+SELECT to_regprocedure('roles_apply(text)') IS NOT NULL AS present
 
 -- name: schema_roles_apply
 -- The processes' roles and their privileges (definitions/90_roles.sql), after every migration.
