@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hashlib
 import hmac
 import json
+import math
 import secrets
 import time
 from typing import Annotated, Any
@@ -166,7 +166,7 @@ def _ticket_mac(request: Request, payload: bytes) -> bytes:
 def issue_ticket(request: Request, who: Who) -> tuple[str, int]:
     """(ticket, seconds it lasts) for the stream, on behalf of `who`."""
     seconds = request.app.state.resources.settings.stream_ticket_seconds
-    payload = json.dumps({"t": who.name, "p": TICKET_PURPOSE, "exp": int(time.time()) + seconds,
+    payload = json.dumps({"t": who.name, "p": TICKET_PURPOSE, "exp": math.ceil(time.time() + seconds),
                           "n": secrets.token_hex(8)}, separators=(",", ":")).encode()
     signature = _ticket_mac(request, payload)
     return f"{_b64(payload)}.{_b64(signature)}", seconds
