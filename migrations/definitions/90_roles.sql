@@ -191,16 +191,28 @@ BEGIN
         END IF;
     END LOOP;
 
-    -- The log: who appends which types.
-    EXECUTE 'ALTER TABLE events ENABLE ROW LEVEL SECURITY';
-    FOR r IN SELECT polname FROM pg_policy WHERE polrelid = 'events'::regclass LOOP
-        EXECUTE format('DROP POLICY %I ON events', r.polname);
-    END LOOP;
-    EXECUTE 'CREATE POLICY everyone_reads ON events FOR SELECT USING (true)';
+    -- The log: who appends which types. Only what differs is made again: ENABLE and
+    -- CREATE/DROP POLICY take ACCESS EXCLUSIVE on events, which would stop every append
+    -- (and wait behind every long read) at each `qforge migrate` or `qforge api` start.
+    IF NOT (SELECT relrowsecurity FROM pg_class WHERE oid = 'events'::regclass) THEN
+        EXECUTE 'ALTER TABLE events ENABLE ROW LEVEL SECURITY';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_policies WHERE schemaname = schema_name AND tablename = 'events'
+                      AND policyname = 'everyone_reads' AND cmd = 'SELECT' AND qual = 'true') THEN
+        EXECUTE 'DROP POLICY IF EXISTS everyone_reads ON events';
+        EXECUTE 'CREATE POLICY everyone_reads ON events FOR SELECT USING (true)';
+    END IF;
     FOREACH k IN ARRAY ARRAY['api', 'worker', 'monitor'] LOOP
         role := role_name(prefix, k);
         CONTINUE WHEN NOT EXISTS (SELECT FROM pg_roles WHERE rolname = role);
         SELECT array_agg(t.type ORDER BY t.type) INTO types FROM role_event_types t WHERE t.kind = k;
+        CONTINUE WHEN EXISTS (
+            SELECT FROM pg_policy p
+             WHERE p.polrelid = 'events'::regclass AND p.polname = k || '_append' AND p.polcmd = 'a'
+               AND p.polroles = ARRAY[role::regrole::oid]
+               AND pg_get_expr(p.polwithcheck, p.polrelid)
+                   = format('(type = ANY (%L::text[]))', coalesce(types, '{}')));
+        EXECUTE format('DROP POLICY IF EXISTS %I ON events', k || '_append');
         EXECUTE format('CREATE POLICY %I ON events FOR INSERT TO %I WITH CHECK (type = ANY (%L::text[]))',
                        k || '_append', role, coalesce(types, '{}'));
     END LOOP;
