@@ -237,8 +237,26 @@ def with_database(url: str, dbname: str) -> str:
 # Choosing the database
 
 
-def resolve_database_url(explicit: str | None = None, settings: Settings | None = None) -> str:
-    """The URL to use: ``explicit``, else ``QFORGE_DATABASE_URL``, else the embedded server.
+# The processes' roles (issue 30, migrations/definitions/90_roles.sql): kind -> the
+# setting that names its URL.
+ROLE_KINDS = ("api", "worker", "monitor", "read")
+ROLE_URL_SETTINGS = {"api": "api_database_url", "worker": "worker_database_url",
+                     "monitor": "monitor_database_url", "read": "readonly_database_url"}
+CREDENTIALS_FILE = "credentials.json"
+_HBA_MARK = "# qforge: passwords only (scram-sha-256), no trust"
+_fallback_said: set[str] = set()
+
+
+def role_name(prefix: str, kind: str) -> str:
+    """The login role of a kind of process (role_name() in 90_roles.sql)."""
+    return f"{prefix}_{kind}"
+
+
+def resolve_database_url(explicit: str | None = None, settings: Settings | None = None,
+                         role: str | None = None) -> str:
+    """The URL to use: ``explicit``, else the setting of `role`'s own URL (QFORGE_WORKER_DATABASE_URL
+    ...), else ``QFORGE_DATABASE_URL``, else the embedded server (as `role`'s login with its
+    generated password, or as the schema owner when `role` is None).
 
     The embedded server keeps its data in ``<data_dir>/pgdata`` and is started
     (or attached to, when another process runs it) on first use. It stays up
@@ -247,9 +265,18 @@ def resolve_database_url(explicit: str | None = None, settings: Settings | None 
     if explicit:
         return explicit
     settings = settings or get_settings()
+    if role is not None:
+        own = getattr(settings, ROLE_URL_SETTINGS[role])
+        if own:
+            return own
     if settings.database_url:
+        if role is not None and role not in _fallback_said:
+            _fallback_said.add(role)
+            _log.warning("QFORGE_%s is not set: this process uses QFORGE_DATABASE_URL's credentials, the"
+                         " schema owner's (docs/security.md)", ROLE_URL_SETTINGS[role].upper())
         return settings.database_url
-    pgdata = (Path(settings.data_dir).expanduser().absolute() / "pgdata").resolve()
+    data_dir = Path(settings.data_dir).expanduser().absolute()
+    pgdata = (data_dir / "pgdata").resolve()
     with _THREAD_LOCK:
         server = _SHARED.get(pgdata)
         if server is None or server.url is None:
@@ -263,7 +290,109 @@ def resolve_database_url(explicit: str | None = None, settings: Settings | None 
             atexit.register(stop_embedded)
             _SHARED[pgdata] = server
         assert server.url is not None
-        return server.url
+        credentials = embedded_credentials(data_dir, pgdata, server.url)
+    if role is None:
+        return with_credentials(server.url, EMBEDDED_SUPERUSER, credentials["owner"])
+    return with_credentials(server.url, role_name(settings.role_prefix, role), credentials[role])
+
+
+EMBEDDED_SUPERUSER = "postgres"  # the wheel's initdb -U
+
+
+def with_credentials(url: str, user: str, password: str | None) -> str:
+    """The same server and database, logged in as `user` with `password` (URL or key=value form)."""
+    if url.startswith(("postgresql://", "postgres://")):
+        parts = urlsplit(url)
+        host = parts.netloc.rpartition("@")[2]
+        login = quote(user, safe="") + (":" + quote(password, safe="") if password is not None else "")
+        return urlunsplit(parts._replace(netloc=f"{login}@{host}"))
+    params = conninfo_to_dict(url)
+    params["user"] = user
+    if password is None:
+        params.pop("password", None)
+    else:
+        params["password"] = password
+    return make_conninfo(**params)
+
+
+def url_login(url: str) -> tuple[str | None, str | None]:
+    """(user, password) a URL logs in with."""
+    params = conninfo_to_dict(url)
+    return params.get("user"), params.get("password")
+
+
+def embedded_credentials(data_dir: Path, pgdata: Path, url: str) -> dict[str, str]:
+    """The passwords of the embedded server's schema owner and of each role, made once and kept
+    in <data_dir>/credentials.json (0600); and the server made to ask for them: the wheel's
+    initdb trusts every local connection, so the first process to get here gives the
+    superuser its password, rewrites pg_hba.conf to scram-sha-256 for everyone and reloads.
+    Safe from several processes at once (a file lock). The roles get their passwords from
+    `qforge migrate` (set_role_passwords), once it has made them."""
+    import fcntl
+    import secrets as secret_source
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / "credentials.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = data_dir / CREDENTIALS_FILE
+        try:
+            credentials = json.loads(path.read_text())
+        except FileNotFoundError:
+            credentials = {kind: secret_source.token_urlsafe(24) for kind in ("owner", *ROLE_KINDS)}
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                json.dump(credentials, out, indent=1)
+        os.chmod(path, 0o600)
+        hba = pgdata / "pg_hba.conf"
+        if _HBA_MARK not in hba.read_text():
+            with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS) as conn:
+                conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                    sql.Identifier(EMBEDDED_SUPERUSER), sql.Literal(credentials["owner"])))
+                owner = hba.stat()
+                hba.write_text(f"{_HBA_MARK}\n# TYPE  DATABASE  USER  ADDRESS  METHOD\n"
+                               "local   all       all            scram-sha-256\n")
+                os.chown(hba, owner.st_uid, owner.st_gid)
+                os.chmod(hba, 0o600)
+                conn.execute("SELECT pg_reload_conf()")
+        return credentials
+
+
+def set_role_passwords(owner_url: str, logins: Mapping[str, str]) -> list[str]:
+    """Give each role of `logins` (role name -> password) that password, unless it logs in with
+    it already (so two processes at once do not both ALTER ROLE); returns the roles changed."""
+    changed = []
+    with psycopg.connect(owner_url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS) as conn:
+        for user, password in logins.items():
+            try:
+                psycopg.connect(with_credentials(owner_url, user, password),
+                                connect_timeout=CONNECT_TIMEOUT_SECONDS).close()
+                continue
+            except psycopg.OperationalError:
+                pass
+            conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(user), sql.Literal(password)))
+            changed.append(user)
+    return changed
+
+
+def role_logins(settings: Settings, owner_url: str) -> dict[str, str]:
+    """The roles' passwords that `qforge migrate` should set: with the embedded server, those of
+    credentials.json; with an external one, those in each role's URL setting whose user is
+    the role's name."""
+    logins: dict[str, str] = {}
+    if not settings.database_url and not any(getattr(settings, name) for name in ROLE_URL_SETTINGS.values()):
+        data_dir = Path(settings.data_dir).expanduser().absolute()
+        path = data_dir / CREDENTIALS_FILE
+        if path.exists():
+            credentials = json.loads(path.read_text())
+            return {role_name(settings.role_prefix, kind): credentials[kind] for kind in ROLE_KINDS}
+        return logins
+    for kind, setting in ROLE_URL_SETTINGS.items():
+        url = getattr(settings, setting)
+        if url:
+            user, password = url_login(url)
+            if user == role_name(settings.role_prefix, kind) and password:
+                logins[user] = password
+    return logins
 
 
 def stop_embedded() -> None:
@@ -417,8 +546,11 @@ def _attach(pgdata: Path, cleanup_mode: CleanupMode, deadline: float) -> tuple[A
                     pass
             except psycopg.OperationalError as exc:
                 # An error the server itself sent (too many clients, ...) still
-                # proves it runs; only "starting up / in recovery" means wait.
-                if exc.sqlstate is None or exc.sqlstate == "57P03":
+                # proves it runs; only "starting up / in recovery" means wait. So
+                # does its asking for a password (embedded_credentials made it ask:
+                # libpq then gives up by itself, without a SQLSTATE).
+                asked_password = "no password supplied" in str(exc)
+                if (exc.sqlstate is None and not asked_password) or exc.sqlstate == "57P03":
                     raise
             return server, url
         except (psycopg.Error, subprocess.SubprocessError, AssertionError, OSError, ValueError) as exc:

@@ -38,6 +38,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from qforge.events.states import state_machine_definition
+from qforge.settings import get_settings
 from qforge.sql import q
 
 # Fixed key of the session advisory lock that serialises migration runners
@@ -261,8 +262,13 @@ def status(conn: psycopg.Connection, source: Source | None = None) -> SchemaStat
 # migrate
 
 
-def migrate(conn: psycopg.Connection, source: Source | Path | str | None = None) -> list[str]:
+def migrate(conn: psycopg.Connection, source: Source | Path | str | None = None, *,
+            role_prefix: str | None = None) -> list[str]:
     """Apply what is pending and return the names applied (empty when up to date).
+
+    Then, every time, make the processes' roles and their privileges what
+    definitions/90_roles.sql says (roles_apply(), in the same transaction), for
+    the roles named `role_prefix` (default: the setting QFORGE_ROLE_PREFIX).
 
     Raises SchemaDrift, and applies nothing, when applied files changed, were
     renamed or are missing, or the database is newer than this code.
@@ -278,7 +284,7 @@ def migrate(conn: psycopg.Connection, source: Source | Path | str | None = None)
     try:
         conn.execute(q("schema_lock"), {"key": MIGRATION_LOCK_KEY})
         try:
-            return _apply(conn, source)
+            return _apply(conn, source, role_prefix or get_settings().role_prefix)
         finally:
             if not conn.closed:  # a lost connection has released the lock already
                 conn.execute(q("schema_unlock"), {"key": MIGRATION_LOCK_KEY})
@@ -287,7 +293,7 @@ def migrate(conn: psycopg.Connection, source: Source | Path | str | None = None)
             conn.autocommit = was_autocommit
 
 
-def _apply(conn: psycopg.Connection, source: Source) -> list[str]:
+def _apply(conn: psycopg.Connection, source: Source, role_prefix: str) -> list[str]:
     with conn.transaction():
         conn.execute(sql.SQL(q("schema_bootstrap")))  # type: ignore[arg-type]
         report = status(conn, source)
@@ -311,6 +317,10 @@ def _apply(conn: psycopg.Connection, source: Source) -> list[str]:
             for gone in (f for f in definitions if f.state == "removed"):
                 conn.execute(q("schema_forget"), {"name": gone.name})
             applied += [f.name for f in definitions if f.state in ("stale", "new")]
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(q("schema_has_roles"))
+            if cur.fetchone()["present"]:  # (a test's own source may lack it)
+                cur.execute(q("schema_roles_apply"), {"prefix": role_prefix})
     return applied
 
 

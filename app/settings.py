@@ -31,8 +31,22 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="QFORGE_", extra="ignore",
                                       env_file=".env", env_file_encoding="utf-8")
 
-    # External PostgreSQL; None means the embedded server under data_dir/pgdata.
+    # External PostgreSQL; None means the embedded server under data_dir/pgdata. The
+    # schema owner's URL: `qforge migrate` and the operator's commands (token, archive,
+    # replay, audit) use it.
     database_url: str | None = None
+    # Each process's own role (issue 30, docs/security.md): the API's writes, the
+    # workers, the monitor, and the read-only role of the API's reads. Unset with an
+    # external server: that process falls back to database_url (and says so); with the
+    # embedded server each process logs in as <role_prefix>_<kind> with the password
+    # generated in data_dir/credentials.json.
+    api_database_url: str | None = None
+    worker_database_url: str | None = None
+    monitor_database_url: str | None = None
+    readonly_database_url: str | None = None
+    # The roles' names: <role_prefix>_api, _worker, _monitor, _read. Two installations
+    # on one server that must not reach each other's data take different prefixes.
+    role_prefix: str = Field(default="qforge", pattern=r"^[a-z][a-z0-9_]{0,40}$")
     data_dir: str = "./.qforge"
     # A hot standby for the API's reads (lists, histories, search, /events, the stream, the
     # dashboard); None: everything reads from the primary.

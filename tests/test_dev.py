@@ -107,6 +107,11 @@ def test_qforge_dev_runs_the_whole_system_and_stops_cleanly(scratch_dir: Path):
             assert final["steps"][0]["stdout"] == "hello\n"
             workers = httpx.get(f"{run.url}/workers").json()["items"]
             assert {w["name"] for w in workers} == {"pool-1", "pool-2"}
+        # every child on its own role, none with the owner's URL (issue 30)
+        for child in tree:
+            environ = child.environ()
+            assert "QFORGE_DATABASE_URL" not in environ, child.cmdline()
+            assert any(name in environ for name in ("QFORGE_API_DATABASE_URL", "QFORGE_WORKER_DATABASE_URL"))
 
         pids = [p.pid for p in tree] + [p.pid for p in processes_using(scratch_dir)]
         assert run.stop() == 0, run.output()

@@ -74,7 +74,7 @@ def _data(event_type: str, **overrides) -> ev.EventData:
         "WorkflowSucceeded": {},
         "WorkflowFailed": dict(error="a dead"),
         "WorkflowCancelled": {},
-        "TokenCreated": dict(name="ci", scope="read", sha256="0" * 64),
+        "TokenCreated": dict(name="ci", scope="read"),
         "TokenRevoked": dict(name="ci"),
     }
     return ev.EVENT_DATA[event_type](**{**samples[event_type], **overrides})

@@ -163,15 +163,21 @@ def test_the_roles_are_deployed_as_the_issue_says(objects):
         assert template["terminationGracePeriodSeconds" if obj["kind"] != "Job" else "restartPolicy"]
         for container in template["containers"]:
             assert container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
-            urls = [e for e in container.get("env", []) if e["name"] == "QFORGE_DATABASE_URL"]
-            assert urls == [{"name": "QFORGE_DATABASE_URL",
-                             "valueFrom": {"secretKeyRef": {"name": "qforge", "key": "database-url"}}}]
+            # each process on its own role (issue 30): only the migrate Job has the owner's URL
+            own = {"Job": "QFORGE_DATABASE_URL", "qforge-api": "QFORGE_API_DATABASE_URL",
+                   "qforge-monitor": "QFORGE_MONITOR_DATABASE_URL",
+                   "qforge-runner": "QFORGE_WORKER_DATABASE_URL"}
+            wanted = own["Job"] if obj["kind"] == "Job" else own[obj["metadata"]["name"]]
+            names = {e["name"] for e in container.get("env", [])}
+            assert wanted in names, (obj["metadata"]["name"], names)
+            if obj["kind"] != "Job":
+                assert "QFORGE_DATABASE_URL" not in names, obj["metadata"]["name"]
     scaled = by_kind(objects, "ScaledObject")["spec"]
     assert scaled["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "qforge-runner"}
     [trigger] = scaled["triggers"]
     assert trigger["type"] == "postgresql" and trigger["authenticationRef"]["name"] == "qforge-db"
     auth = by_kind(objects, "TriggerAuthentication")["spec"]["secretTargetRef"]
-    assert auth == [{"parameter": "connection", "name": "qforge", "key": "database-url"}]
+    assert auth == [{"parameter": "connection", "name": "qforge", "key": "readonly-database-url"}]
     assert {ref["parameter"] for ref in auth} <= set(POSTGRESQL_SCALER["auth_parameters"])
     assert set(by_kind(objects, "Secret")["stringData"]) >= {"database-url", "api-token"}
 

@@ -31,11 +31,14 @@ def test_create_prints_the_secret_once_and_stores_only_its_hash(db_url: str, con
     assert created.returncode == 0, created.stderr
     secret = created.stdout.strip()
     assert secret.startswith("qf_") and len(secret) > 30
-    row = conn.execute("SELECT name, scope, status, sha256, created_by FROM tokens").fetchone()
+    row = conn.execute("SELECT t.name, t.scope, t.status, s.sha256, t.created_by FROM tokens t"
+                       " JOIN token_secrets s ON s.id = t.id").fetchone()
     assert row == {"name": "ci", "scope": "operate", "status": "active",
                    "sha256": hashlib.sha256(secret.encode()).hexdigest(), "created_by": "cli:alice"}
     logged = conn.execute("SELECT data::text AS data, actor FROM events WHERE stream_type = 'token'").fetchall()
-    assert len(logged) == 1 and secret not in logged[0]["data"] and logged[0]["actor"] == "cli:alice"
+    # neither the secret nor its digest is in the log (issue 30)
+    assert len(logged) == 1 and secret not in logged[0]["data"] and row["sha256"] not in logged[0]["data"]
+    assert logged[0]["actor"] == "cli:alice"
     assert tokens.authenticate(conn, secret) == (True, tokens.Who("ci", "operate"))
 
 

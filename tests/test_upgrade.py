@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
+import psycopg
 import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
@@ -31,7 +32,7 @@ from qforge.commands.enqueue import enqueue
 from qforge.commands.report import Report, complete
 from qforge.commands.specs import JobSpec
 from qforge.commands.workflows import trigger
-from qforge.db import connect, with_database
+from qforge.db import connect, with_credentials, with_database
 from qforge.commands.archive import archive
 from qforge.events import audit, audit_verify
 from qforge.events.archive_check import verify_archive
@@ -238,6 +239,21 @@ CATALOG_QUERIES = {
          WHERE t.typnamespace = 'public'::regnamespace AND t.typtype NOT IN ('c')
            AND t.typname !~ '^_?events_[0-9]+$' ORDER BY 1""",
     "schema_migrations": "SELECT name, kind, checksum FROM schema_migrations ORDER BY name",
+    # the processes' roles (issue 30): the same privileges, policies and definer functions
+    "privileges": """
+        SELECT c.relname, a.grantee::regrole::text, a.privilege_type
+          FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+         WHERE c.relnamespace = 'public'::regnamespace AND NOT c.relispartition
+           AND a.grantee::regrole::text LIKE 'qforge\\_%' ORDER BY 1, 2, 3""",
+    "column_privileges": """
+        SELECT table_name, column_name, grantee, privilege_type FROM information_schema.column_privileges
+         WHERE grantee LIKE 'qforge\\_%' AND table_schema = 'public'
+           AND table_name IN (SELECT relname FROM pg_class WHERE NOT relispartition) ORDER BY 1, 2, 3, 4""",
+    "policies": """
+        SELECT tablename, policyname, roles::text, cmd, qual, with_check FROM pg_policies ORDER BY 1, 2""",
+    "definers": """
+        SELECT p.oid::regprocedure::text, p.proconfig::text, p.proacl::text FROM pg_proc p
+         WHERE p.pronamespace = 'public'::regnamespace AND p.prosecdef ORDER BY 1""",
     "state_transitions": "SELECT * FROM state_transitions ORDER BY 1, 2, 3, 4",
 }
 
@@ -257,6 +273,19 @@ def test_an_upgraded_database_has_the_catalog_of_a_fresh_install(upgraded: tuple
     for part in CATALOG_QUERIES:
         assert after_upgrade[part] == fresh[part], part
     assert len(fresh["functions"]) > 10 and len(fresh["indexes"]) > 5 and len(fresh["triggers"]) >= 3
+
+
+def test_an_upgraded_database_gets_the_roles_and_each_works_within_them(upgraded: tuple[str, dict]) -> None:
+    url, _ = upgraded
+    worker = with_credentials(url, "qforge_worker", None)
+    with connect(worker, autocommit=True, row_factory=dict_row) as conn:
+        assert conn.execute("SELECT current_user AS me").fetchone()["me"] == "qforge_worker"
+        [job] = enqueue(conn, [JobSpec(task="echo")], actor="worker-made")  # a step a worker may add
+        assert claim(conn, ["default"], 1000, "w")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT * FROM token_secrets")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT log_close_current()")  # the monitor's, not the worker's
 
 
 def test_an_upgraded_log_is_archived_whole_and_what_waits_still_finishes(upgraded: tuple[str, dict],

@@ -23,6 +23,7 @@ import pytest
 from psycopg.rows import dict_row, tuple_row
 
 from qforge.commands.enqueue import JobSpec, enqueue
+from qforge.db import role_name, with_credentials
 from qforge.events import store
 from qforge.events.types import Event
 
@@ -133,6 +134,14 @@ class Proc:
         wait_for(lambda: text in self.log(), timeout=timeout, message=f"{text!r} in the {self.kind} log")
 
 
+PROCESS_ROLES = ("api", "worker", "monitor")
+
+
+def role_url(db_url: str, kind: str) -> str:
+    """`db_url` logged in as the role of a kind of process (api, worker, monitor, read)."""
+    return with_credentials(db_url, role_name("qforge", kind), None)
+
+
 class Processes:
     """Starts `qforge worker` / `qforge monitor` against one database; kills them all at the end."""
 
@@ -141,12 +150,17 @@ class Processes:
         self.started: list[Proc] = []
 
     def _spawn(self, kind: str, args: list[str], env: dict[str, str] | None) -> Proc:
+        # Every process on its own least-privileged role (issue 30; the test server
+        # trusts local connections, so no passwords); others as the schema owner.
+        url = role_url(self.db_url, kind) if kind in PROCESS_ROLES else self.db_url
         full_env = {**os.environ, **FAST_ENV, **(env or {})}
+        if kind == "api":
+            full_env.setdefault("QFORGE_READONLY_DATABASE_URL", role_url(self.db_url, "read"))
         full_env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(self.tasks_dir), full_env.get("PYTHONPATH", "")) if p)
         log_path = self.log_dir / f"{kind}-{len(self.started)}.log"
         with open(log_path, "wb") as log_file:
-            popen = subprocess.Popen([str(QFORGE), kind, "--database-url", self.db_url, *args],
+            popen = subprocess.Popen([str(QFORGE), kind, "--database-url", url, *args],
                                      stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
         proc = Proc(popen, log_path, kind)
         self.started.append(proc)

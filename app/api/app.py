@@ -166,12 +166,14 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
 
 
 def create_app(database_url: str | None = None, *, settings: Settings | None = None,
-               bound_host: str | None = None) -> FastAPI:
+               bound_host: str | None = None, readonly_url: str | None = None) -> FastAPI:
     """The API. `database_url` overrides QFORGE_DATABASE_URL; neither means the embedded
-    server. The database is reached on first use, not at startup. `bound_host` (default
-    QFORGE_HOST) is one of the hosts a request may name when QFORGE_ALLOWED_HOSTS is empty."""
+    server. `readonly_url`: the read-only role's, for the reads and the event stream (else
+    QFORGE_READONLY_DATABASE_URL, else they use `database_url` too). The database is
+    reached on first use, not at startup. `bound_host` (default QFORGE_HOST) is one of the
+    hosts a request may name when QFORGE_ALLOWED_HOSTS is empty."""
     settings = settings or get_settings()
-    resources = Resources(settings, database_url)
+    resources = Resources(settings, database_url, readonly_url=readonly_url or settings.readonly_database_url)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

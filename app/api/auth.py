@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hashlib
 import hmac
 import json
+import math
 import secrets
 import time
 from typing import Annotated, Any
@@ -119,6 +119,7 @@ def authorize(request: Request,
         supplied = _basic_password(request)
     if who is None:
         who = identify(request, supplied)
+        request.state.secret = supplied  # the database checks it again for token commands
     needed = needed_scope(request.scope.get("route"), request.method)
     if not who.may(needed):
         raise ApiError(403, "forbidden",
@@ -142,7 +143,8 @@ Caller = Annotated[Who, Depends(authorize)]
 # --------------------------------------------------------------------------- stream tickets
 # A ticket is `<payload>.<HMAC-SHA256 of payload>`, both base64url; the payload
 # names the token, the purpose and when it expires. Stateless (any API process
-# checks it with the key every process reads from server_keys) and useless for
+# checks it through stream_ticket_mac(), with the key in server_keys that no
+# process's role reads) and useless for
 # anything but GET /events/stream; it dies with its token.
 
 
@@ -154,21 +156,20 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def _ticket_key(request: Request) -> bytes:
-    resources = request.app.state.resources
-    key = getattr(resources, "ticket_key", None)
-    if key is None:  # it never changes: read once per process
-        with resources.pool.connection() as conn:
-            key = resources.ticket_key = tokens.server_key(conn, TICKET_KEY)
-    return key
+def _ticket_mac(request: Request, payload: bytes) -> bytes:
+    """The ticket's signature, made by the database (stream_ticket_mac): the API's role
+    cannot read the key (issue 30), so a stolen API credential cannot forge tickets."""
+    with request.app.state.resources.pool.connection() as conn:
+        return tokens.stream_ticket_mac(conn, payload)
 
 
 def issue_ticket(request: Request, who: Who) -> tuple[str, int]:
     """(ticket, seconds it lasts) for the stream, on behalf of `who`."""
     seconds = request.app.state.resources.settings.stream_ticket_seconds
-    payload = json.dumps({"t": who.name, "s": who.scope, "p": TICKET_PURPOSE, "exp": int(time.time()) + seconds,
+    payload = json.dumps({"t": who.name, "s": who.scope, "p": TICKET_PURPOSE,
+                          "exp": math.ceil(time.time() + seconds),
                           "n": secrets.token_hex(8)}, separators=(",", ":")).encode()
-    signature = hmac.new(_ticket_key(request), payload, hashlib.sha256).digest()
+    signature = _ticket_mac(request, payload)
     return f"{_b64(payload)}.{_b64(signature)}", seconds
 
 
@@ -179,7 +180,7 @@ def check_ticket(request: Request, ticket: str) -> Who:
     encoded, _, signature = ticket.partition(".")
     try:
         payload, mac = _unb64(encoded), _unb64(signature)
-        valid = hmac.compare_digest(mac, hmac.new(_ticket_key(request), payload, hashlib.sha256).digest())
+        valid = hmac.compare_digest(mac, _ticket_mac(request, payload))
         claims = json.loads(payload) if valid else {}
     except (ValueError, binascii.Error):
         valid, claims = False, {}

@@ -35,11 +35,14 @@ class Resources:
     """Opened on first use (not at startup), so the API starts, and /healthz answers
     503, while the database is down; closed by the app's lifespan."""
 
-    def __init__(self, settings: Settings, database_url: str | None = None):
+    def __init__(self, settings: Settings, database_url: str | None = None, *, readonly_url: str | None = None):
         self.settings = settings
         self._explicit_url = database_url
         self._url: str | None = None
+        # the read-only role's URL on the primary (issue 30): reads and the stream use it
+        self.readonly_url = readonly_url
         self._pool: ConnectionPool | None = None
+        self._readonly_pool: ConnectionPool | None = None
         self._read_pool: ConnectionPool | None = None
         self._hub: EventHub | None = None
         # auth.stream_still_allowed's last question per token name: (asked at, its answer)
@@ -88,6 +91,16 @@ class Resources:
             return self._pool
 
     @property
+    def readonly_pool(self) -> ConnectionPool:
+        """The read-only role's pool on the primary, or the API's own without a read-only URL."""
+        if not self.readonly_url:
+            return self.pool
+        with self._lock:
+            if self._readonly_pool is None:
+                self._readonly_pool = self._open_pool(self.readonly_url, "qforge-api-readonly")
+            return self._readonly_pool
+
+    @property
     def read_pool(self) -> ConnectionPool | None:
         """The standby's pool, or None without QFORGE_READ_DATABASE_URL."""
         url = self.read_database_url
@@ -101,7 +114,7 @@ class Resources:
     @property
     def hub(self) -> EventHub:
         if self._hub is None:
-            self._hub = EventHub(self.database_url, poll_seconds=self.settings.poll_interval_seconds,
+            self._hub = EventHub(self.readonly_url or self.database_url, poll_seconds=self.settings.poll_interval_seconds,
                                  read_url=self.read_database_url,
                                  read_wait_seconds=self.settings.read_wait_seconds)
         return self._hub
@@ -123,7 +136,7 @@ class Resources:
             finally:
                 pool.putconn(conn)
             return
-        with self.pool.connection() as conn:
+        with self.readonly_pool.connection() as conn:
             yield conn
 
     def _standby_connection(self, lsn: int) -> tuple[ConnectionPool, psycopg.Connection] | None:
@@ -157,7 +170,8 @@ class Resources:
     def close_pool(self) -> None:
         self.closed = True
         with self._lock:
-            pools, self._pool, self._read_pool = (self._pool, self._read_pool), None, None
+            pools = (self._pool, self._read_pool, self._readonly_pool)
+            self._pool = self._read_pool = self._readonly_pool = None
         for pool in pools:
             if pool is not None:
                 pool.close()

@@ -14,11 +14,11 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from qforge.commands.errors import CommandError, Conflict, Invalid, NotFound
+from qforge.commands.errors import CommandError, Conflict, Invalid, NotAllowed, NotFound
 
 log = logging.getLogger("qforge.api")
 
-COMMAND_STATUS = {NotFound: 404, Conflict: 409, Invalid: 422}
+COMMAND_STATUS = {NotFound: 404, Conflict: 409, Invalid: 422, NotAllowed: 403}
 HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
               405: "method_not_allowed", 406: "not_acceptable", 409: "conflict",
               413: "payload_too_large", 415: "unsupported_media_type", 422: "invalid", 429: "too_many_requests",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from qforge.api.auth import Actor, needs
@@ -55,15 +55,17 @@ def tokens(conn: Conn, all: Annotated[bool, Query(description="revoked tokens to
 
 @router.post("/tokens", status_code=201, response_model=TokenCreatedView, responses=ERRORS,
              **needs("admin"))
-def create(body: TokenCreate, conn: Conn, actor: Actor) -> dict:
-    """Make a token (409 if the name is active: revoke it first)."""
-    secret = create_token(conn, body.name, body.scope, actor=actor)
+def create(body: TokenCreate, conn: Conn, actor: Actor, request: Request) -> dict:
+    """Make a token (409 if the name is active: revoke it first; 403 with QFORGE_API_TOKEN
+    once named tokens exist: the database checks a named admin token)."""
+    secret = create_token(conn, body.name, body.scope, actor=actor,
+                          caller_secret=getattr(request.state, "secret", None))
     return {"name": body.name, "scope": body.scope, "token": secret}
 
 
 @router.delete("/tokens/{name}", status_code=204, response_class=Response, responses=ERRORS,
                **needs("admin"))
-def revoke(name: Annotated[str, Path(max_length=63)], conn: Conn, actor: Actor) -> Response:
+def revoke(name: Annotated[str, Path(max_length=63)], conn: Conn, actor: Actor, request: Request) -> Response:
     """Revoke a token: refused at once by every API process, open streams end within seconds."""
-    revoke_token(conn, name, actor=actor)
+    revoke_token(conn, name, actor=actor, caller_secret=getattr(request.state, "secret", None))
     return Response(status_code=204)

@@ -20,7 +20,7 @@ from qforge.api.app import create_app
 from qforge.cli.common import complain, configure_logging, database_url
 from qforge.commands.tokens import tokens_exist
 from qforge.db import connect, stop_embedded
-from qforge.migrate import SchemaError, migrate
+from qforge.migrate import SchemaError, check, migrate
 from qforge.settings import get_settings
 
 
@@ -41,12 +41,32 @@ def is_loopback(host: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(get_settings())  # so the pool's "database unreachable / back" lines show
-    url = database_url("api", args.database_url)
+    settings = get_settings()
+    url = database_url("api", args.database_url, role="api")
     if url is None:
         return 1
+    # Migrating needs the schema owner: this process has its URL only with the embedded
+    # server (credentials.json) or a single-role setup; otherwise it checks the schema.
+    owner_url = url
+    if args.database_url or settings.database_url or not settings.api_database_url:
+        owner_url = database_url("api", args.database_url)
+    # The reads run as the read-only role (issue 30) when this process knows its URL.
+    readonly_url = None
+    if settings.readonly_database_url or not (args.database_url or settings.database_url
+                                              or settings.api_database_url):
+        readonly_url = database_url("api", None, role="read")
+    if owner_url is None:
+        return 1
     try:
+        applied = []
+        try:
+            with connect(owner_url, autocommit=True) as conn:
+                applied = migrate(conn)  # safe to run from many processes at once
+        except psycopg.errors.InsufficientPrivilege:
+            # the API's own role (issue 30) may not migrate: the schema must be current
+            with connect(url, autocommit=True) as conn:
+                check(conn)
         with connect(url, autocommit=True) as conn:
-            applied = migrate(conn)  # safe to run from many processes at once
             protected = bool(get_settings().api_token) or tokens_exist(conn)
     except (SchemaError, psycopg.Error) as exc:
         complain("api", exc)
@@ -67,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
             stop_embedded()
             return 2
     try:
-        config = uvicorn.Config(create_app(url, bound_host=args.host), host=args.host, port=args.port,
+        config = uvicorn.Config(create_app(url, bound_host=args.host, readonly_url=readonly_url),
+                                host=args.host, port=args.port,
                                 log_level="info", timeout_graceful_shutdown=5)
         # What is loaded by now (modules, the app, its routes: ~100,000 tracked objects) lives as
         # long as the process: out of the collector's sight, a full collection takes

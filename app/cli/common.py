@@ -23,10 +23,12 @@ def complain(command: str, message: object) -> None:
     print(f"qforge {command}: {message}", file=sys.stderr, flush=True)
 
 
-def database_url(command: str, explicit: str | None) -> str | None:
-    """The URL to use (starting the embedded server if need be), or None after saying why not."""
+def database_url(command: str, explicit: str | None, role: str | None = None) -> str | None:
+    """The URL to use (starting the embedded server if need be), or None after saying why not.
+    `role`: the process's own role (api, worker, monitor: docs/security.md); None: the schema
+    owner's."""
     try:
-        return resolve_database_url(explicit)
+        return resolve_database_url(explicit, role=role)
     except EmbeddedPostgresError as exc:
         complain(command, exc)
         return None

@@ -26,7 +26,8 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from qforge.db import EmbeddedPostgres, EmbeddedPostgresError, connect
+from qforge.db import (EMBEDDED_SUPERUSER, ROLE_KINDS, ROLE_URL_SETTINGS, EmbeddedPostgres, EmbeddedPostgresError, connect,
+                       embedded_credentials, role_logins, role_name, set_role_passwords, with_credentials)
 from qforge.commands.specs import NAME_PATTERN
 from qforge.migrate import SchemaError, migrate
 from qforge.settings import get_settings
@@ -227,16 +228,24 @@ def run(args: argparse.Namespace) -> int:
         return 1
     url = args.database_url or settings.database_url
     embedded: EmbeddedPostgres | None = None
+    role_urls: dict[str, str] = {}
     try:
         if not url:
             pgdata = Path(settings.data_dir).expanduser().absolute() / "pgdata"
             pgdata.parent.mkdir(parents=True, exist_ok=True)
             embedded = EmbeddedPostgres()
             _say(f"starting PostgreSQL in {pgdata}")
-            url = embedded.start(pgdata, cleanup_mode="stop")
+            server_url = embedded.start(pgdata, cleanup_mode="stop")
+            # passwords only (scram-sha-256): the owner's and each role's, kept in credentials.json
+            credentials = embedded_credentials(pgdata.parent, pgdata.resolve(), server_url)
+            url = with_credentials(server_url, EMBEDDED_SUPERUSER, credentials["owner"])
+            role_urls = {ROLE_URL_SETTINGS[kind]: with_credentials(server_url, role_name(settings.role_prefix, kind),
+                                                                   credentials[kind]) for kind in ROLE_KINDS}
         with connect(url, autocommit=True) as conn:
             for name in migrate(conn):
                 _say(f"applied {name}")
+        set_role_passwords(url, role_logins(settings, url) if not embedded else
+                           {role_name(settings.role_prefix, kind): credentials[kind] for kind in ROLE_KINDS})
     except (EmbeddedPostgresError, SchemaError, psycopg.Error, OSError) as exc:
         print(f"qforge dev: {exc}", file=sys.stderr)
         if embedded is not None:
@@ -245,7 +254,12 @@ def run(args: argparse.Namespace) -> int:
 
     # Children reach the same server by its URL and never start one themselves,
     # so this process is the embedded server's only user and stops it at the end.
+    # Each child on its own role (issue 30): with the embedded server they get their roles'
+    # URLs and not the owner's; with an external one, what QFORGE_*_DATABASE_URL say.
     env = {**os.environ, "QFORGE_DATABASE_URL": url, "PYTHONUNBUFFERED": "1"}
+    if role_urls:
+        del env["QFORGE_DATABASE_URL"]
+        env.update({f"QFORGE_{setting.upper()}": value for setting, value in role_urls.items()})
     # The demo's http steps call services on this machine: allow loopback here
     # only (issue 19: an http step refuses non-public addresses by default).
     env.setdefault("QFORGE_HTTP_ALLOW", "127.0.0.0/8,::1,localhost")

@@ -7,7 +7,8 @@ import argparse
 import psycopg
 
 from qforge.cli.common import complain, database_url
-from qforge.db import connect
+from qforge.db import connect, role_logins, set_role_passwords
+from qforge.settings import get_settings
 from qforge.migrate import SchemaError, describe, migrate, status
 
 
@@ -27,6 +28,10 @@ def run(args: argparse.Namespace) -> int:
                       + (" (run `qforge migrate`)" if pending else ""))
                 return 1 if report.drift else 0
             applied = migrate(conn)
+        # the roles' passwords: the embedded server's generated ones, or those of the
+        # QFORGE_*_DATABASE_URL settings given to this command (docs/security.md)
+        for role in set_role_passwords(url, role_logins(get_settings(), url)):
+            print(f"password set for role {role}")
     except (SchemaError, psycopg.Error) as exc:
         notes = "".join(f"\n{note}" for note in getattr(exc, "__notes__", []))
         complain("migrate", f"{exc}{notes}")

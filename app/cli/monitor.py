@@ -16,7 +16,7 @@ from qforge.workers.monitor import Monitor
 def run(args: argparse.Namespace) -> int:
     settings = get_settings()
     configure_logging(settings)
-    url = database_url("monitor", args.database_url)
+    url = database_url("monitor", args.database_url, role="monitor")
     if url is None or not wait_for_schema("monitor", url):
         return 1
     tracing.configure("qforge-monitor")  # from OTEL_* variables, when set

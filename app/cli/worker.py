@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         complain("worker", exc)
         return 2
-    url = database_url("worker", args.database_url)
+    url = database_url("worker", args.database_url, role="worker")
     if url is None or not wait_for_schema("worker", url):
         return 1
     try:

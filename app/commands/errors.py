@@ -26,3 +26,9 @@ class Invalid(CommandError):
     """The input is well-formed but makes no sense (HTTP 422)."""
 
     code = "invalid"
+
+
+class NotAllowed(CommandError):
+    """The database refused the caller's credentials for this command (HTTP 403)."""
+
+    code = "forbidden"

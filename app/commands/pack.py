@@ -142,7 +142,9 @@ def _pack_partition(conn, cur, lower: int, upper: int, pace: Pace, done: Packed,
     _fault("filled")
     cur.execute(q("pack_indexes"), {"lower": lower})
     for statement in [row["statement"] for row in cur.fetchall()]:
-        cur.execute(statement)  # (made by log_pack_indexes from the catalog: no input of ours)
+        # (made by log_pack_indexes from the catalog: no input of ours; run by a SECURITY
+        # DEFINER function, so that the monitor's role may pack, issue 30)
+        cur.execute(q("pack_make_index"), {"lower": lower, "statement": statement})
         pace.rest()
     _fault("indexed")
     _finish(conn, cur, lower, extent["events"], done)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.rows import dict_row
 
-from qforge.commands.errors import Conflict, Invalid, NotFound
+from qforge.commands.errors import Conflict, Invalid, NotAllowed, NotFound
 from qforge.events import types as ev
 from qforge.events.ids import new_id
 from qforge.events.states import allows
@@ -55,18 +55,26 @@ def check_scope(scope: str) -> None:
                       [{"field": "scope", "value": scope}])
 
 
-def _append(cur, stream_id, version: int, data: ev.EventData, actor: str) -> None:
-    cur.execute(q("token_append"), {"id": stream_id, "version": version, "type": data.type,
-                                    "data": json.dumps(data.model_dump(mode="json")), "actor": actor})
+def _append(cur, stream_id, version: int, data: ev.EventData, actor: str, caller_secret: str | None,
+            sha256: str | None = None) -> None:
+    try:
+        cur.execute(q("token_write"), {"id": stream_id, "version": version, "type": data.type,
+                                       "data": json.dumps(data.model_dump(mode="json")), "actor": actor,
+                                       "caller_secret": caller_secret, "sha256": sha256})
+    except psycopg.errors.InsufficientPrivilege:
+        raise NotAllowed("creating or revoking tokens needs a named admin token (or `qforge token`"
+                         " with the schema owner's database URL)") from None
 
 
-def create_token(conn, name: str, scope: str, *, actor: str) -> str:
+def create_token(conn, name: str, scope: str, *, actor: str, caller_secret: str | None = None) -> str:
     """A new token named `name` (again, if that name was revoked); returns the secret, which
-    is shown this once and stored nowhere."""
+    is shown this once and stored nowhere. The database checks that `caller_secret` is an
+    active admin token's (not needed on the schema owner's connection, nor before any token
+    exists)."""
     check_name(name)
     check_scope(scope)
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
-    data = ev.TokenCreated(name=name, scope=scope, sha256=digest(secret))  # type: ignore[arg-type]
+    data = ev.TokenCreated(name=name, scope=scope)  # type: ignore[arg-type]
     try:
         with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             cur.execute(q("token_lock"), {"name": name})
@@ -74,16 +82,16 @@ def create_token(conn, name: str, scope: str, *, actor: str) -> str:
             if row is not None and not allows("token", row["status"], data.type):
                 raise Conflict(f"token {name!r} exists: revoke it first to make a new one of that name")
             if row is None:
-                _append(cur, new_id(), 1, data, actor)
+                _append(cur, new_id(), 1, data, actor, caller_secret, digest(secret))
             else:
-                _append(cur, row["id"], row["version"] + 1, data, actor)
+                _append(cur, row["id"], row["version"] + 1, data, actor, caller_secret, digest(secret))
     except psycopg.errors.UniqueViolation:
         # Two creations of one new name at once: the other one won.
         raise Conflict(f"token {name!r} exists: revoke it first to make a new one of that name") from None
     return secret
 
 
-def revoke_token(conn, name: str, *, actor: str) -> None:
+def revoke_token(conn, name: str, *, actor: str, caller_secret: str | None = None) -> None:
     """Revoke a token: every API process refuses it from the next request on."""
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(q("token_lock"), {"name": name})
@@ -92,7 +100,7 @@ def revoke_token(conn, name: str, *, actor: str) -> None:
             raise NotFound(f"token {name!r} not found")
         if not allows("token", row["status"], ev.TokenRevoked.type):
             raise Conflict(f"token {name!r} is already revoked")
-        _append(cur, row["id"], row["version"] + 1, ev.TokenRevoked(name=name), actor)
+        _append(cur, row["id"], row["version"] + 1, ev.TokenRevoked(name=name), actor, caller_secret)
 
 
 def list_tokens(conn, *, include_revoked: bool = False) -> list[dict]:
@@ -120,6 +128,14 @@ def tokens_exist(conn) -> bool:
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(q("tokens_exist"))
         return cur.fetchone()["enabled"]
+
+
+def stream_ticket_mac(conn, payload: bytes) -> bytes:
+    """HMAC-SHA256 of `payload` with the stream-ticket key, computed in the database (no
+    process's role reads the key)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q("stream_ticket_mac"), {"payload": payload})
+        return bytes(cur.fetchone()["mac"])
 
 
 def server_key(conn, name: str) -> bytes:

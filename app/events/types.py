@@ -213,14 +213,15 @@ class WorkflowCancelled(EventData):
 
 
 class TokenCreated(EventData):
-    """A named API token exists (again, after a revocation: a new secret). Only the
-    SHA-256 of the secret is in the log; the secret was shown once to its creator."""
+    """A named API token exists (again, after a revocation: a new secret). Neither the
+    secret nor its digest is in the log (the digest is in token_secrets, which only the
+    schema owner reads); the stream id is the token's non-secret id. Events written
+    before 0.3 carried the digest: `upcast` drops it, so no reader ever sees it."""
 
     type = "TokenCreated"
     stream_type = "token"
     name: str
     scope: Literal["read", "operate", "admin"]
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
 class TokenRevoked(EventData):
@@ -388,6 +389,9 @@ UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
 
 def upcast(event_type: str, schema_version: int, data: dict[str, Any]) -> dict[str, Any]:
     """Stored data of any version -> the data of the current version of its type."""
+    if event_type == TokenCreated.type and "sha256" in data:
+        # the digest old TokenCreated events carried: never served (event_upcast_data's twin)
+        data = {key: value for key, value in data.items() if key != "sha256"}
     current = EVENT_DATA[event_type].schema_version
     while schema_version < current:
         data = UPCASTERS[(event_type, schema_version)](data)

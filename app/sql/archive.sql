@@ -18,8 +18,9 @@ SELECT (SELECT e.occurred_at FROM events e
 -- (taken before its positions are: the parent is locked when the INSERT
 -- starts). SHARE waits for them all and holds new ones off for the moment it
 -- takes to read the sequence: every position handed out before is then
--- committed or never will be.
-LOCK TABLE events IN SHARE MODE
+-- committed or never will be. (Through log_settle_lock(), SECURITY DEFINER: a
+-- SHARE lock needs a write privilege on events that no process's role holds.)
+SELECT log_settle_lock()
 
 -- name: archive_settled_position
 SELECT log_next_position() AS horizon

@@ -31,6 +31,9 @@ SELECT log_pack_finish(%(lower)s, %(events)s)
 -- name: pack_indexes
 SELECT log_pack_indexes(%(lower)s) AS statement
 
+-- name: pack_make_index
+SELECT log_pack_make_index(%(lower)s, %(statement)s)
+
 -- name: pack_due
 -- Whether a partition may be ready for packing (no lock: pack() settles it).
 SELECT EXISTS (SELECT FROM log_pack_candidates(log_next_position(), %(keep)s)) AS due

@@ -51,3 +51,11 @@ DELETE FROM schema_migrations WHERE name = %(name)s
 -- A file recorded by 0.1.0 (names only) gets the checksum of the released
 -- file; when it was applied stays as recorded.
 UPDATE schema_migrations SET checksum = %(checksum)s, kind = 'versioned' WHERE name = %(name)s
+
+
+-- name: schema_has_roles
+SELECT to_regprocedure('roles_apply(text)') IS NOT NULL AS present
+
+-- name: schema_roles_apply
+-- The processes' roles and their privileges (definitions/90_roles.sql), after every migration.
+SELECT roles_apply(%(prefix)s)

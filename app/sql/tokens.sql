@@ -1,19 +1,14 @@
 -- name: token_lock
 -- A token's row, locked: creating or revoking a name is serialised on it (two
--- revocations at once: the second finds it revoked).
-SELECT id, version, name, scope, status FROM tokens WHERE name = %(name)s FOR UPDATE
+-- revocations at once: the second finds it revoked). Through token_lock(): the
+-- processes' roles may not lock (nor update) `tokens` themselves.
+SELECT id, version, name, scope, status FROM token_lock(%(name)s)
 
--- name: token_append
--- One token event, chained to the head of its stream kept on the token's row
--- (locked by token_lock; a new stream starts the chain empty). The statement
--- trigger tokens_project() folds it into `tokens` in this very statement.
-INSERT INTO events (stream_type, stream_id, version, type, schema_version, data, occurred_at, actor, hash)
-SELECT 'token', %(id)s::uuid, %(version)s::integer, %(type)s, 1::smallint, %(data)s::jsonb, a.at, %(actor)s,
-       event_hash((SELECT chain FROM tokens WHERE id = %(id)s::uuid AND %(version)s::integer > 1),
-                  'token', %(id)s::uuid, %(version)s::integer, %(type)s, 1::smallint, %(data)s::jsonb,
-                  NULL, NULL, a.at, %(actor)s)
-  FROM (SELECT now() AS at) a
-RETURNING position
+-- name: token_write
+-- One token event and the secret's digest, through token_write() (a SECURITY
+-- DEFINER function: the processes' roles append no token event themselves).
+SELECT token_write(%(caller_secret)s, %(id)s::uuid, %(version)s::integer, %(type)s, %(data)s::jsonb,
+                   %(actor)s, %(sha256)s) AS position
 
 -- name: token_list
 SELECT name, scope, status, created_by, created_at, revoked_at, revoked_by
@@ -22,13 +17,9 @@ SELECT name, scope, status, created_by, created_at, revoked_at, revoked_by
  ORDER BY name
 
 -- name: token_authenticate
--- Every request asks (no cache, so a revocation holds at once on every API
--- process): are tokens on at all (any token ever created, revoked ones
--- included: revoking the last token locks the API, it does not reopen it),
--- and which active token has this digest. Two index probes.
-SELECT EXISTS (SELECT 1 FROM tokens) AS enabled, t.name, t.scope
-  FROM (SELECT 1) one
-  LEFT JOIN tokens t ON t.sha256 = %(sha256)s AND t.status = 'active'
+-- Are tokens on, and which active token has this digest (token_check(), since
+-- only the schema owner reads the digests).
+SELECT enabled, name, scope FROM token_check(%(sha256)s)
 
 -- name: token_active
 -- An open stream asks again every few seconds whether its token still works.
@@ -39,3 +30,6 @@ SELECT EXISTS (SELECT 1 FROM tokens) AS enabled
 
 -- name: server_key
 SELECT key FROM server_keys WHERE name = %(name)s
+
+-- name: stream_ticket_mac
+SELECT stream_ticket_mac(%(payload)s::bytea) AS mac

@@ -127,6 +127,8 @@ RETURNS jsonb LANGUAGE sql STABLE PARALLEL SAFE AS $$
                 THEN (data - 'message') || jsonb_build_object(
                          'reason', coalesce(data ->> 'reason', 'error'),
                          'error', coalesce(data ->> 'error', data ->> 'message'))
+                -- the secret's digest that TokenCreated carried before 0021: never served
+                WHEN type = 'TokenCreated' THEN data - 'sha256'
                 ELSE data END
 $$;
 

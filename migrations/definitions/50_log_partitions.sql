@@ -28,6 +28,14 @@ CREATE OR REPLACE FUNCTION log_maintenance_lock() RETURNS void LANGUAGE sql AS $
     SELECT pg_advisory_xact_lock(5856490902593536017)  -- 0x5146_6F72_6765_0011 ("QForge" + 17)
 $$;
 
+-- LOCK TABLE events IN SHARE MODE for the caller's transaction (qforge archive
+-- and pack: archive_settle_lock in app/sql/archive.sql), callable by the
+-- monitor's role (definitions/90_roles.sql).
+CREATE OR REPLACE FUNCTION log_settle_lock() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    LOCK TABLE events IN SHARE MODE;
+END $$;
+
 -- Create partitions until partitions_ahead of them lie wholly beyond the next
 -- position; returns how many were made. A partition is made empty, outside the
 -- log, and then attached: ATTACH takes SHARE UPDATE EXCLUSIVE on events, which

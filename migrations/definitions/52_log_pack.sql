@@ -154,3 +154,19 @@ RETURNS TABLE (lower bigint, upper bigint) LANGUAGE sql STABLE AS $$
      WHERE p.upper <= horizon AND p.upper <= log_next_position() - keep AND p.lower >= log_archived_before()
      ORDER BY p.lower
 $$;
+
+-- One of log_pack_indexes(lower)'s statements, run for the monitor's role
+-- (SECURITY DEFINER, definitions/90_roles.sql: only the owner of the log may
+-- build indexes on its tables). Without CONCURRENTLY, which a function cannot
+-- run: the blocks' table is not part of the log yet, nobody reads it and only
+-- packing writes it, so the plain build's lock holds up no one. Anything but a
+-- statement of log_pack_indexes(lower) is refused.
+CREATE OR REPLACE FUNCTION log_pack_make_index(lower bigint, statement text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM log_pack_indexes(lower) s WHERE s = statement) THEN
+        RAISE EXCEPTION 'not an index statement of the packed partition at %: %', lower, statement
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    EXECUTE replace(statement, 'CREATE INDEX CONCURRENTLY', 'CREATE INDEX');
+END $$;
