@@ -39,6 +39,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
@@ -403,7 +404,15 @@ def _check_on_disk(directory: Path, row: dict[str, Any]) -> None:
 
 def _let_go(cur, segment: str, lower: int, say: Report) -> None:
     """Detach and drop the partition at `lower`: the live one, or the packed one (qforge
-    pack); a table of blocks still being filled for it goes too."""
+    pack); a table of blocks still being filled for it goes too. The log's owner detaches
+    CONCURRENTLY; another role (the monitor's, archiving by retention) asks the definer
+    function log_archive_let_go, which cannot."""
+    if not cur.execute(q("archive_owns_log")).fetchone()["owner"]:
+        _let_go_for_role(cur, lower)
+        cur.execute(q("archive_pack_forget"), {"lower": lower})
+        cur.execute(q("archive_mark_dropped"), {"segment": segment})
+        say(f"{segment}: partition at {lower} detached and dropped")
+        return
     cur.execute(q("archive_pack_state"), {"lower": lower})
     pack = cur.fetchone()
     packed = pack is not None and pack["state"] == "packed"
@@ -427,3 +436,23 @@ def _let_go(cur, segment: str, lower: int, say: Report) -> None:
         cur.execute(q("archive_pack_forget"), {"lower": lower})
     cur.execute(q("archive_mark_dropped"), {"segment": segment})
     say(f"{segment}: partition {name} detached and dropped")
+
+
+# How often a detach for a role that does not own the log waits LET_GO_LOCK_TIMEOUT for the
+# log's lock before giving up (its ACCESS EXCLUSIVE request holds up appends while it waits).
+LET_GO_TRIES = 50
+LET_GO_LOCK_TIMEOUT = "200ms"
+
+
+def _let_go_for_role(cur, lower: int) -> None:
+    for attempt in range(LET_GO_TRIES):
+        try:
+            with cur.connection.transaction():
+                cur.execute(q("pack_lock_timeout"), {"timeout": LET_GO_LOCK_TIMEOUT})
+                cur.execute(q("archive_let_go_for_role"), {"lower": lower})
+            _fault("dropped")
+            return
+        except psycopg.errors.LockNotAvailable:
+            time.sleep(min(0.05 * (attempt + 1), 1.0))
+    raise ArchiveError(f"the partition at {lower} is archived but its locks were busy {LET_GO_TRIES} times;"
+                       " it goes at the next run")

@@ -155,6 +155,14 @@ SELECT t.r::text AS name, i.inhrelid IS NOT NULL AS attached, coalesce(i.inhdeta
 -- name: archive_drop
 DROP TABLE {partition}
 
+-- name: archive_owns_log
+-- Whether this session may detach partitions of the log itself (CONCURRENTLY),
+-- or must ask log_archive_let_go() (the monitor's role).
+SELECT pg_has_role((SELECT relowner FROM pg_class WHERE oid = 'events'::regclass), 'MEMBER') AS owner
+
+-- name: archive_let_go_for_role
+SELECT log_archive_let_go(%(lower)s)
+
 -- name: archive_mark_dropped
 UPDATE archive_segments SET state = 'dropped', dropped_at = now()
  WHERE segment = %(segment)s AND state = 'sealed'

@@ -293,3 +293,36 @@ RETURNS TABLE (jobs_released bigint, workflows_released bigint) LANGUAGE sql AS 
     )
     SELECT (SELECT count(*) FROM gone_jobs), (SELECT count(*) FROM gone_workflows)
 $$;
+
+-- Detach and drop the partition at `lower` (live, packed, and the blocks of a
+-- pack left unfinished) once its archive segment is sealed, for a role that
+-- does not own the log: the monitor's, archiving by retention
+-- (QFORGE_ARCHIVE_AFTER; SECURITY DEFINER through definitions/90_roles.sql).
+-- Not CONCURRENTLY, which cannot run in a function: the detach takes ACCESS
+-- EXCLUSIVE on the log for the moment it takes, so the caller sets lock_timeout
+-- short and tries again (qforge archive run by the log's owner detaches
+-- CONCURRENTLY instead). A detach left pending by a killed CONCURRENTLY run is
+-- for the owner's `qforge archive` to finish.
+CREATE OR REPLACE FUNCTION log_archive_let_go(lower bigint) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    tables text[] := ARRAY['events_' || lpad(lower::text, 19, '0'), 'events_packed_' || lpad(lower::text, 19, '0')];
+    name text;
+    parent regclass;
+    pending boolean;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM archive_segments s WHERE s.lower_position = lower AND s.state = 'sealed') THEN
+        RAISE EXCEPTION 'the partition at % has no sealed archive segment: it stays', lower;
+    END IF;
+    PERFORM set_config('qforge.archiving', 'on', true);  -- see log_guard_ddl()
+    FOREACH name IN ARRAY tables LOOP
+        SELECT i.inhparent::regclass, i.inhdetachpending INTO parent, pending
+          FROM pg_inherits i WHERE i.inhrelid = to_regclass(name);
+        IF pending THEN
+            RAISE EXCEPTION 'partition % is half detached: run qforge archive as the owner of the log', name;
+        END IF;
+        IF parent IS NOT NULL THEN
+            EXECUTE format('ALTER TABLE %s DETACH PARTITION %I', parent, name);
+        END IF;
+        EXECUTE format('DROP TABLE IF EXISTS %I', name);
+    END LOOP;
+END $$;

@@ -83,6 +83,9 @@ INSERT INTO role_table_privileges (kind, object, privileges) VALUES
     ('api', 'queue_settings', 'INSERT, UPDATE'),
     ('api', 'schedules', 'INSERT, UPDATE, DELETE'), ('monitor', 'schedules', 'UPDATE'),
     ('api', 'definitions', 'INSERT, UPDATE'), ('api', 'definition_versions', 'INSERT'),
+    -- per-key limits (KeyConfigured, 65_flow) and what the claim keeps of them
+    ('api', 'key_settings', 'INSERT, UPDATE'), ('api', 'key_buckets', 'INSERT, UPDATE, DELETE'),
+    ('worker', 'key_buckets', 'UPDATE'), ('worker', 'fairness_turns', 'INSERT, UPDATE'),
     -- the workers' own registry (heartbeats, /workers)
     ('worker', 'workers', 'INSERT, UPDATE, DELETE'), ('monitor', 'workers', 'UPDATE, DELETE'),
     -- the monitor's leader: audit checkpoints, packing and archiving the log
@@ -98,7 +101,7 @@ SELECT 'api', unnest(ARRAY[
     'Enqueued', 'StepUnblocked', 'Skipped', 'Cancelled', 'Retried', 'DeadLettered', 'StepReopened', 'Triggered',
     'WorkflowSubmitted', 'WorkflowSucceeded', 'WorkflowFailed', 'WorkflowCancelled', 'WorkflowResumed',
     'ScheduleCreated', 'ScheduleUpdated', 'SchedulePaused', 'ScheduleResumed', 'ScheduleDeleted',
-    'QueueConfigured', 'QueuePaused', 'QueueResumed', 'DefinitionStored'])
+    'QueueConfigured', 'QueuePaused', 'QueueResumed', 'DefinitionStored', 'KeyConfigured'])
 UNION ALL
 SELECT 'worker', unnest(ARRAY[
     'Enqueued', 'StepUnblocked', 'Skipped', 'Claimed', 'Heartbeat', 'Succeeded', 'Failed', 'Retried',
@@ -123,7 +126,7 @@ INSERT INTO role_functions (kind, function) VALUES
     ('api', 'stream_ticket_mac(bytea)'), ('read', 'stream_ticket_mac(bytea)'),
     -- the log's partitions: DDL, which only the owner of the log may run
     ('monitor', 'log_maintain()'), ('api', 'log_maintain()'), ('worker', 'log_maintain()'),
-    ('monitor', 'log_close_current()'), ('monitor', 'log_settle_lock()'),
+    ('monitor', 'log_close_current()'), ('monitor', 'log_settle_lock()'), ('monitor', 'log_archive_let_go(bigint)'),
     ('monitor', 'log_pack_begin(bigint)'), ('monitor', 'log_pack_fill(bigint,bigint)'),
     ('monitor', 'log_pack_finish(bigint,bigint)'), ('monitor', 'log_pack_make_index(bigint,text)');
 
