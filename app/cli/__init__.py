@@ -161,6 +161,13 @@ def _token_arguments(parser: argparse.ArgumentParser) -> None:
     revoke.add_argument("name")
 
 
+def _remote_arguments(module: str) -> Callable[[argparse.ArgumentParser], None]:
+    """The arguments of a command over the API, defined beside its code."""
+    def add(parser: argparse.ArgumentParser) -> None:
+        importlib.import_module(f"qforge.cli.{module}").add_arguments(parser)
+    return add
+
+
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-url", default="http://127.0.0.1:8090", help="the running API to talk to")
 
@@ -182,6 +189,8 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("history", "print an execution's events, from the archive and the live log", "history",
                _history_arguments),
     Subcommand("token", "create, list and revoke API tokens", "token", _token_arguments),
+    Subcommand("jobs", "list, show, cancel and retry jobs over the API (one by id, or all matching)",
+               "jobs", _remote_arguments("jobs")),
     Subcommand("demo", "enqueue sample jobs and a DAG workflow against a running API", "demo",
                _demo_arguments),
 ]

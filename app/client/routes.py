@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from qforge.api import models
 from qforge.client.errors import Invalid, JobFailed
 from qforge.commands import errors
+from qforge.commands.bulk import BulkRequest
 from qforge.commands.specs import JobSpec, WorkflowSpec, parse_spec
 from qforge.events.states import JOB_FINISHED, SUCCEEDED
 
@@ -97,6 +98,31 @@ class Routes:
         """One page: JobList(items, next); pass `next` as cursor for the following page."""
         return self._call(Call("GET", "/jobs", _model(models.JobList), params=query(
             status=status, queue=queue, task=task, tags=tags, limit=limit, cursor=cursor)))
+
+    def cancel_matching(self, *, status: str | None = None, queue: str | None = None, task: str | None = None,
+                        tags: dict[str, str] | None = None, dry_run: bool = False, limit: int | None = None,
+                        after: UUID | str | None = None):
+        """POST /jobs/cancel -> BulkResult(count, next): cancel every unfinished job matching all of
+        the filters, in batches. `dry_run` only counts; `limit`/`after` go through them in parts."""
+        return self._bulk("/jobs/cancel", status, queue, task, tags, dry_run, limit, after)
+
+    def retry_matching(self, *, status: str | None = None, queue: str | None = None, task: str | None = None,
+                       tags: dict[str, str] | None = None, dry_run: bool = False, limit: int | None = None,
+                       after: UUID | str | None = None):
+        """POST /jobs/retry -> BulkResult(count, next): run again every dead or cancelled job matching
+        all of the filters, in batches (as cancel_matching)."""
+        return self._bulk("/jobs/retry", status, queue, task, tags, dry_run, limit, after)
+
+    def _bulk(self, path: str, status, queue, task, tags, dry_run, limit, after):
+        job_filter = {name: value for name, value in
+                      (("status", status), ("queue", queue), ("task", task), ("tags", tags)) if value is not None}
+        request: dict[str, Any] = {"filter": job_filter, "dry_run": dry_run}
+        if limit is not None:
+            request["limit"] = limit
+        if after is not None:
+            request["after"] = str(after)
+        body = validated(BulkRequest, request)
+        return self._call(Call("POST", path, _model(models.BulkResult), body=body))
 
     # workflows -------------------------------------------------------------
     def submit(self, workflow: WorkflowSpec | dict[str, Any]):
