@@ -33,6 +33,7 @@ class ScheduleView(BaseModel):
     timezone: str
     job: dict[str, Any] | None = None
     definition: str | None = None
+    version: int | None = Field(default=None, description="the definition's pinned version (null: the latest)")
     inputs: dict[str, Any] | None = None
     catch_up: str
     paused: bool
@@ -60,6 +61,7 @@ class SchedulePatch(BaseModel):
     timezone: str | None = None
     job: JobSpec | None = None
     definition: str | None = None
+    version: int | None = Field(default=None, description="pin a version of the definition; null: the latest")
     inputs: dict[str, Any] | None = None
     catch_up: CatchUp | None = None
 

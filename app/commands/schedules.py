@@ -20,7 +20,7 @@ import psycopg
 from psycopg.rows import dict_row
 from pydantic import Field, StrictBool, model_validator
 
-from qforge.commands import cron
+from qforge.commands import cron, definitions
 from qforge.commands.enqueue import enqueue
 from qforge.commands.errors import CommandError, Conflict, Invalid, NotFound
 from qforge.commands.specs import NAME_PATTERN, JobSpec, Storable
@@ -35,15 +35,10 @@ log = logging.getLogger("qforge.schedules")
 CatchUp = Literal["none", "latest", "all"]
 
 
-class DefinitionsUnavailable(Invalid):
-    """Stored definitions (qforge.commands.definitions) are not in this build."""
-
-    code = "validation"
-
-
 class ScheduleSpec(Storable):
     """POST /schedules: `{"name", "cron", "timezone"?, "job": {a POST /jobs body} |
-    "definition": name, "inputs"?, "catch_up"?: "none" | "latest" | "all", "paused"?}`."""
+    "definition": name, "version"?, "inputs"?, "catch_up"?: "none" | "latest" | "all", "paused"?}`
+    (`version` pins the definition's version every tick runs; without it a tick runs the latest)."""
 
     name: str = Field(pattern=NAME_PATTERN)
     cron: str = Field(min_length=1, max_length=200,
@@ -51,6 +46,8 @@ class ScheduleSpec(Storable):
     timezone: str = Field(default="UTC", max_length=100)
     job: JobSpec | None = None
     definition: str | None = Field(default=None, min_length=1, max_length=200)
+    version: int | None = Field(default=None, ge=1, le=2**31 - 1,
+                                description="the definition's version every tick runs (default: the latest)")
     inputs: dict[str, Any] | None = None
     catch_up: CatchUp = Field(default="latest", description="which ticks missed during downtime fire: none, "
                                                              "the latest one, or all")
@@ -63,6 +60,8 @@ class ScheduleSpec(Storable):
             problems.append("give either job or definition")
         if self.inputs is not None and self.definition is None:
             problems.append("inputs go with a definition (a job has its payload)")
+        if self.version is not None and self.definition is None:
+            problems.append("version goes with a definition (it pins the definition's version)")
         if self.job is not None:
             if self.job.idempotency_key is not None:
                 problems.append("job.idempotency_key is set by the schedule (its name and the tick)")
@@ -86,39 +85,16 @@ def _now(now: datetime | None) -> datetime:
     return now or datetime.now(timezone.utc)
 
 
-def _require_definitions(spec: ScheduleSpec) -> None:
-    if spec.definition is not None:
-        definitions_module()
-
-
-def definitions_module():
-    """The stored definitions' commands, imported when first needed (they ship separately)."""
-    try:
-        from qforge.commands import definitions  # type: ignore[attr-defined]
-    except ImportError:
-        raise DefinitionsUnavailable("definition: stored definitions are unavailable in this build;"
-                                     " schedule a job instead",
-                                     [{"field": "definition", "message": "stored definitions are unavailable"}]
-                                     ) from None
-    return definitions
-
-
-def start_definition(conn, name: str, inputs: dict[str, Any], *, actor: str, idempotency_key: str) -> UUID:
-    """The one adapter to stored definitions: start a run, return its workflow id."""
-    started = definitions_module().start_definition(conn, name, inputs, actor=actor,
-                                                    idempotency_key=idempotency_key)
-    for attribute in ("id", "workflow_id"):
-        if hasattr(started, attribute):
-            return UUID(str(getattr(started, attribute)))
-    if isinstance(started, (tuple, list)):
-        started = started[0]
-    if isinstance(started, dict):
-        started = started.get("id") or started.get("workflow_id")
-    return UUID(str(started))
+def _require_version(conn, spec: ScheduleSpec) -> None:
+    """A pinned version must exist (versions are never removed, so it exists for good)."""
+    if spec.definition is not None and spec.version is not None \
+            and definitions.get_definition(conn, spec.definition, spec.version) is None:
+        raise Invalid(f"version: definition {spec.definition} has no version {spec.version}",
+                      [{"field": "version", "message": f"definition {spec.definition} has no version {spec.version}"}])
 
 
 def create_schedule(conn, spec: ScheduleSpec, *, actor: str = "api", now: datetime | None = None) -> dict:
-    _require_definitions(spec)
+    _require_version(conn, spec)
     at = _now(now)
     [stream] = new_ids(1)
     events: list[ev.EventData] = [ev.ScheduleCreated(name=spec.name, spec=spec.stored(),
@@ -149,10 +125,13 @@ def update_schedule(conn, name: str, changes: dict[str, Any], *, actor: str = "a
         if "job" in changes and changes["job"] is not None:
             merged.pop("definition", None)
             merged.pop("inputs", None)
+            merged.pop("version", None)
         if "definition" in changes and changes["definition"] is not None:
             merged.pop("job", None)
+            if "version" not in changes and changes["definition"] != current.definition:
+                merged.pop("version", None)  # a pin is a version of the definition it was made for
         spec = ScheduleSpec.model_validate(merged)  # ValidationError: the API's 422
-        _require_definitions(spec)
+        _require_version(conn, spec)
         events: list[ev.EventData] = []
         if spec.stored() != row["spec"]:
             events.append(ev.ScheduleUpdated(spec=spec.stored(),
@@ -260,8 +239,8 @@ def _start(conn, spec: ScheduleSpec, tick: datetime, *, actor: str) -> tuple[str
                                           "tags": {"schedule": spec.name, **spec.job.tags}})
         [outcome] = enqueue(conn, [job], actor=actor)
         return "job", outcome.id
-    return "workflow", start_definition(conn, spec.definition, spec.inputs or {}, actor=actor,
-                                        idempotency_key=key)
+    return "workflow", definitions.start_definition(conn, spec.definition, spec.inputs or {}, actor=actor,
+                                                    idempotency_key=key, version=spec.version)
 
 
 def next_due(conn) -> datetime | None:
