@@ -47,6 +47,36 @@ class Remote:
                               env=full_env, timeout=timeout)
 
 
+@dataclass
+class Ran:
+    """What a command run in this process printed, shaped as subprocess.run's answer."""
+
+    args: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def cli(remote: Remote, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+    """`cli(*args, token="admin")`: `qforge ARGS --api-url <the module's API>` run by qforge.cli.main in
+    this process (the very code of the console script, without a Python start per call, which
+    costs seconds on a busy machine); remote.qforge runs the real executable."""
+    from qforge.cli import main
+
+    def run(*args: str, token: str | None = "admin") -> Ran:
+        monkeypatch.delenv("QFORGE_API_URL", raising=False)
+        if token:
+            monkeypatch.setenv("QFORGE_API_TOKEN", remote.token if token == "admin" else token)
+        else:
+            monkeypatch.delenv("QFORGE_API_TOKEN", raising=False)
+        capsys.readouterr()
+        code = main([*args, "--api-url", remote.base])
+        out = capsys.readouterr()
+        return Ran(args, code, out.out, out.err)
+    return run
+
+
 @pytest.fixture(scope="module")
 def remote(server_url: str, template_database: str) -> Iterator[Remote]:
     name = f"m_{secrets.token_hex(6)}"

@@ -18,7 +18,7 @@ from qforge.commands.enqueue import enqueue
 from qforge.commands.report import Report, fail
 from qforge.commands.specs import JobSpec
 from qforge.producer import submit
-from remote_support import Remote, api, rconn, remote  # noqa: F401 (fixtures)
+from remote_support import Remote, api, cli, rconn, remote  # noqa: F401 (fixtures)
 
 conn = rconn  # the module's database, which its `qforge api` serves
 
@@ -135,11 +135,12 @@ def test_bulk_actions_need_the_operate_scope(conn: psycopg.Connection, api: http
 
 
 def test_the_cli_cancels_and_retries_what_matches_and_counts_first(conn: psycopg.Connection,
-                                                                    remote: Remote) -> None:
+                                                                    remote: Remote, cli) -> None:
+    """The cancel runs the installed `qforge`; the other commands its main() in this process."""
     token = tokens.create_token(conn, "cli-ops", "operate", actor="test")
 
     def qforge(*args: str, token: str | None = None):
-        return remote.qforge(*args, token=token)
+        return cli(*args, token=token)
 
     bad = add(conn, 1500, task="send_email", tags={"deploy": "d-9"})
     keep = add(conn, 5, task="send_email")
@@ -148,7 +149,7 @@ def test_the_cli_cancels_and_retries_what_matches_and_counts_first(conn: psycopg
                      "--json", token=token)
     assert counted.returncode == 0, counted.stderr
     assert json.loads(counted.stdout) == {"count": 1500}
-    done = qforge("jobs", "cancel", "--task", "send_email", "--tag", "deploy:d-9", "--json", token=token)
+    done = remote.qforge("jobs", "cancel", "--task", "send_email", "--tag", "deploy:d-9", "--json", token=token)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"count": 1500}
     assert done.stderr == "", "progress written although stderr is not a terminal"

@@ -191,6 +191,12 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("token", "create, list and revoke API tokens", "token", _token_arguments),
     Subcommand("jobs", "list, show, cancel and retry jobs over the API (one by id, or all matching)",
                "jobs", _remote_arguments("jobs")),
+    Subcommand("workflows", "list, show, cancel, resume and trigger workflows over the API", "workflows",
+               _remote_arguments("workflows")),
+    Subcommand("definitions", "stored workflow definitions over the API: list, show, put, run, diff",
+               "definitions", _remote_arguments("definitions")),
+    Subcommand("schedules", "schedules over the API: list, show, create, update, pause, resume, delete",
+               "schedules", _remote_arguments("schedules")),
     Subcommand("demo", "enqueue sample jobs and a DAG workflow against a running API", "demo",
                _demo_arguments),
 ]

@@ -7,7 +7,8 @@ import argparse
 import sys
 
 from qforge.cli.progress import Progress
-from qforge.cli.remote import (add_api_arguments, add_tag_argument, fields, print_json, run_remote, table)
+from qforge.cli.remote import (add_api_arguments, add_tag_argument, collect, events_table, fields, print_json,
+                               run_remote, table)
 
 LIST_COLUMNS = ("id", "task", "queue", "status", "attempts", "tags", "created_at")
 SHOW_FIELDS = ("id", "task", "queue", "status", "priority", "attempts", "max_retries", "run_at", "tags",
@@ -55,18 +56,9 @@ def _tags(args: argparse.Namespace) -> dict[str, str] | None:
 
 
 def _list(api, args: argparse.Namespace) -> None:
-    items, cursor = [], None
-    while len(items) < args.limit:
-        page = api.list_jobs(status=args.status, queue=args.queue, task=args.task, tags=_tags(args),
-                             limit=min(500, args.limit - len(items)), cursor=cursor)
-        items += page.items
-        cursor = page.next
-        if not cursor:
-            break
-    if args.json:
-        print_json(items)
-    else:
-        table(items, LIST_COLUMNS)
+    items = collect(lambda **page: api.list_jobs(status=args.status, queue=args.queue, task=args.task,
+                                                 tags=_tags(args), **page), args.limit)
+    print_json(items) if args.json else table(items, LIST_COLUMNS)
 
 
 def _show(api, args: argparse.Namespace) -> None:
@@ -78,9 +70,7 @@ def _show(api, args: argparse.Namespace) -> None:
     fields(job, SHOW_FIELDS)
     if events is not None:
         print()
-        table([{"position": e.position, "version": e.version, "type": e.type, "actor": e.actor,
-                "occurred_at": e.occurred_at} for e in events],
-              ("position", "version", "type", "actor", "occurred_at"))
+        events_table(events, "version")
 
 
 def _act(api, args: argparse.Namespace) -> int:

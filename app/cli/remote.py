@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import httpx
@@ -40,7 +41,11 @@ def tag_pair(value: str) -> tuple[str, str]:
 
 def json_object(value: str) -> dict[str, Any]:
     """A JSON object argument, or `@FILE` to read it from a file (`@-`: standard input)."""
-    text = (sys.stdin.read() if value == "@-" else open(value[1:]).read()) if value.startswith("@") else value
+    try:
+        text = (sys.stdin.read() if value == "@-" else Path(value[1:]).read_text()) \
+            if value.startswith("@") else value
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {value[1:]}: {exc.strerror}") from None
     try:
         parsed = json.loads(text)
     except ValueError as exc:
@@ -119,3 +124,31 @@ def fields(value: Any, names: Sequence[str]) -> None:
     for name in names:
         shown = data.get(name)
         print(f"{name + ':':<14} {json.dumps(shown) if isinstance(shown, (dict, list)) else cell(shown)}")
+
+
+def collect(page: Callable[..., Any], limit: int | None = None) -> list[Any]:
+    """The items of `page(limit=, cursor=)` page after page, up to `limit` (None: all)."""
+    items: list[Any] = []
+    cursor = None
+    while limit is None or len(items) < limit:
+        found = page(limit=500 if limit is None else min(500, limit - len(items)), cursor=cursor)
+        items += found.items
+        cursor = found.next
+        if not cursor:
+            break
+    return items
+
+
+def events_table(events: Iterable[Any], stream_column: str) -> None:
+    """An execution's events, one line each (`stream_column`: version for a job, stream_id for a
+    workflow, whose events come from several streams)."""
+    columns = ("position", stream_column, "type", "actor", "occurred_at")
+    table([{name: getattr(event, name) for name in columns} for event in events], columns)
+
+
+def one_argument_actions(actions: Any, helps: dict[str, str], argument: str) -> None:
+    """Actions that take one positional argument (a name or an id) and the API options."""
+    for name, what in helps.items():
+        action = actions.add_parser(name, help=what)
+        action.add_argument(argument)
+        add_api_arguments(action)
