@@ -7,16 +7,26 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+import importlib
+
 from qforge.api import models
-from qforge.api.definitions import DefinitionList, DefinitionView
-from qforge.api.queues import QueueSettingsView
-from qforge.api.schedules import ScheduleList, SchedulePatch, ScheduleView
-from qforge.api.stats import RecentView
-from qforge.api.tokens import TokenCreate, TokenCreatedView, TokenList
 from qforge.client.routes import Call, _events, _model, query, route, validated
 from qforge.commands.definitions import DefinitionSpec, RunRequest
 from qforge.commands.queues import QueueSettingsSpec
 from qforge.commands.schedules import ScheduleSpec
+
+
+def _api(module: str, name: str) -> Any:
+    """A model of an API router module (qforge.api.<module>), imported when first used: those
+    modules import FastAPI, which `import qforge.client` should not cost."""
+    return getattr(importlib.import_module(f"qforge.api.{module}"), name)
+
+
+def _parsed(module: str, name: str, items: bool = False) -> Any:
+    def parse(body: Any) -> Any:
+        value = _api(module, name).model_validate(body)
+        return value.items if items else value
+    return parse
 
 
 def _json(body: Any) -> Any:
@@ -53,18 +63,18 @@ class ManageRoutes:
     def put_definition(self, name: str, definition: DefinitionSpec | dict[str, Any]):
         """Store a new version -> DefinitionView (its version and the latest)."""
         body = validated(DefinitionSpec, definition)
-        return self._call(Call("PUT", f"/definitions/{name}", _model(DefinitionView), body=body))
+        return self._call(Call("PUT", f"/definitions/{name}", _parsed("definitions", "DefinitionView"), body=body))
 
     @route("GET", "/definitions")
     def list_definitions(self, *, limit: int | None = None, cursor: str | None = None):
         """One page of definitions (each its latest version): DefinitionList(items, next)."""
-        return self._call(Call("GET", "/definitions", _model(DefinitionList),
+        return self._call(Call("GET", "/definitions", _parsed("definitions", "DefinitionList"),
                                params=query(limit=limit, cursor=cursor)))
 
     @route("GET", "/definitions/{name}")
     def get_definition(self, name: str, version: int | None = None):
         """The latest version, or `version` -> DefinitionView."""
-        return self._call(Call("GET", f"/definitions/{name}", _model(DefinitionView),
+        return self._call(Call("GET", f"/definitions/{name}", _parsed("definitions", "DefinitionView"),
                                params=query(version=version)))
 
     @route("POST", "/definitions/{name}/runs")
@@ -85,15 +95,15 @@ class ManageRoutes:
         """`{"name", "cron", "timezone"?, "job": {...} | "definition", "version"?, "inputs"?,
         "catch_up"?, "paused"?}` -> ScheduleView."""
         body = validated(ScheduleSpec, schedule)
-        return self._call(Call("POST", "/schedules", _model(ScheduleView), body=body))
+        return self._call(Call("POST", "/schedules", _parsed("schedules", "ScheduleView"), body=body))
 
     @route("GET", "/schedules")
     def list_schedules(self):
-        return self._call(Call("GET", "/schedules", lambda body: ScheduleList.model_validate(body).items))
+        return self._call(Call("GET", "/schedules", _parsed("schedules", "ScheduleList", items=True)))
 
     @route("GET", "/schedules/{name}")
     def get_schedule(self, name: str):
-        return self._call(Call("GET", f"/schedules/{name}", _model(ScheduleView)))
+        return self._call(Call("GET", f"/schedules/{name}", _parsed("schedules", "ScheduleView")))
 
     @route("GET", "/schedules/{name}/events")
     def schedule_events(self, name: str):
@@ -103,8 +113,8 @@ class ManageRoutes:
     def update_schedule(self, name: str, **changes: Any):
         """Change fields (paused, cron, timezone, job, definition, version, inputs, catch_up); a
         field given as None is cleared (version=None: run the latest again)."""
-        body = validated(SchedulePatch, changes)
-        return self._call(Call("PATCH", f"/schedules/{name}", _model(ScheduleView), body=body))
+        body = validated(_api("schedules", "SchedulePatch"), changes)
+        return self._call(Call("PATCH", f"/schedules/{name}", _parsed("schedules", "ScheduleView"), body=body))
 
     def pause_schedule(self, name: str):
         return self.update_schedule(name, paused=True)
@@ -121,18 +131,18 @@ class ManageRoutes:
     def configure_queue(self, name: str, **settings: Any):
         """Pause, resume or rate-limit a queue: rate_per_second, burst, paused -> QueueSettingsView."""
         body = validated(QueueSettingsSpec, settings)
-        return self._call(Call("PUT", f"/queues/{name}", _model(QueueSettingsView), body=body))
+        return self._call(Call("PUT", f"/queues/{name}", _parsed("queues", "QueueSettingsView"), body=body))
 
     @route("GET", "/tokens")
     def list_tokens(self, *, include_revoked: bool = False):
-        return self._call(Call("GET", "/tokens", lambda body: TokenList.model_validate(body).items,
+        return self._call(Call("GET", "/tokens", _parsed("tokens", "TokenList", items=True),
                                params=query(all=str(include_revoked).lower() if include_revoked else None)))
 
     @route("POST", "/tokens")
     def create_token(self, name: str, scope: str):
         """A new token -> TokenCreatedView; its `token` is the secret, shown this once."""
-        body = validated(TokenCreate, {"name": name, "scope": scope})
-        return self._call(Call("POST", "/tokens", _model(TokenCreatedView), body=body))
+        body = validated(_api("tokens", "TokenCreate"), {"name": name, "scope": scope})
+        return self._call(Call("POST", "/tokens", _parsed("tokens", "TokenCreatedView"), body=body))
 
     @route("DELETE", "/tokens/{name}")
     def revoke_token(self, name: str) -> Any:
@@ -146,7 +156,7 @@ class ManageRoutes:
     # what the dashboard and Prometheus read --------------------------------
     @route("GET", "/stats/recent")
     def recent_stats(self):
-        return self._call(Call("GET", "/stats/recent", _model(RecentView)))
+        return self._call(Call("GET", "/stats/recent", _parsed("stats", "RecentView")))
 
     @route("GET", "/metrics")
     def metrics(self) -> Any:

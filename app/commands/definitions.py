@@ -137,7 +137,7 @@ def list_definitions(conn, *, limit: int = 50, cursor: str | None = None) -> tup
 def start_definition(conn, name: str, inputs: dict[str, Any] | None, *, actor: str,
                      idempotency_key: str | None = None, tags: dict[str, str] | None = None,
                      now: datetime | None = None, parent: dict[str, Any] | None = None,
-                     version: int | None = None) -> uuid.UUID:
+                     version: int | None = None, trace_parent: dict[str, str] | None = None) -> uuid.UUID:
     """Start a workflow of `version` of `name` (the latest without it); its id, the workflow
     recording the version it runs. NotFound for an unknown definition or version, Invalid for
     inputs that are not a JSON object or make no valid workflow."""
@@ -155,5 +155,5 @@ def start_definition(conn, name: str, inputs: dict[str, Any] | None, *, actor: s
                          idempotency_key=idempotency_key)
     workflow_id, _ = workflows.submit(conn, spec, actor=actor, now=now,
                                       definition={"name": name, "version": found["version"]},
-                                      parent=parent)
+                                      parent=parent, trace_parent=trace_parent)
     return workflow_id

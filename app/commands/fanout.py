@@ -22,6 +22,7 @@ from qforge.events import types as ev
 from qforge.events.ids import new_id
 from qforge.events.states import BLOCKED, CANCELLED, DEAD, PENDING, RUNNING, SUCCEEDED, WAITING
 from qforge.events.types import NewEvent
+from qforge import tracing
 from qforge.sql import q
 
 NEVER_ATTEMPT = 0  # the step itself is never claimed: its failure names attempt 0
@@ -80,6 +81,10 @@ class Fanout:
             return
         limit = spec.get("max_parallel") or len(items)
         payload = {**row["payload"], "inputs": element_inputs(inputs, spec)}
+        # the elements' runs are children of one qforge.fan_out span, in the workflow's trace
+        with tracing.span("qforge.fan_out", parent=row.get("trace"), producer=True, workflow_id=self.workflow_id,
+                          step=row["step"], elements=len(items)) as traced:
+            carrier = traced.carrier
         for index, item in enumerate(items):
             self.events.append(NewEvent(
                 stream_id=new_id(), version=1, tags=row["tags"], workflow_id=self.workflow_id,
@@ -90,7 +95,7 @@ class Fanout:
                                  step=element_name(row["step"], index), step_type="task",
                                  element_of=row["step"], element_index=index,
                                  backoff_base_seconds=row["backoff_base_seconds"],
-                                 backoff_cap_seconds=row["backoff_cap_seconds"])))
+                                 backoff_cap_seconds=row["backoff_cap_seconds"], trace=carrier)))
 
     def progress(self, row: dict, spec: dict[str, Any]) -> None:
         """A waiting fan-out step: end it, or start the next elements within max_parallel.

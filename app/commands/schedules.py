@@ -28,6 +28,7 @@ from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.ids import new_ids
 from qforge.events.types import NewEvent
+from qforge import tracing
 from qforge.sql import q
 
 log = logging.getLogger("qforge.schedules")
@@ -97,8 +98,11 @@ def create_schedule(conn, spec: ScheduleSpec, *, actor: str = "api", now: dateti
     _require_version(conn, spec)
     at = _now(now)
     [stream] = new_ids(1)
+    with tracing.span("qforge.schedule.create", producer=False, schedule=spec.name) as traced:
+        pass
     events: list[ev.EventData] = [ev.ScheduleCreated(name=spec.name, spec=spec.stored(),
-                                                     next_at=cron.next_after(spec.cron, spec.timezone, at))]
+                                                     next_at=cron.next_after(spec.cron, spec.timezone, at),
+                                                     trace=traced.carrier)]
     if spec.paused:
         events.append(ev.SchedulePaused())
     try:
@@ -220,8 +224,14 @@ def fire_schedule(conn, name: str, *, actor: str, grace_seconds: float, now: dat
         if skipped:
             events.append(ev.ScheduleSkipped(count=len(skipped), first=skipped[0], last=skipped[-1],
                                              catch_up=spec.catch_up, next_at=next_at))
+        created = (cur.execute(q("schedule_created_trace"), {"id": row["id"]}).fetchone() or {}).get("trace") \
+            if tracing.active() and firing else None
         for tick in firing:
-            kind, execution_id = _start(conn, spec, tick, actor=actor)
+            # each fire is a trace of its own, linked to the schedule's creation
+            with tracing.span("qforge.schedule.fire", root=True, link=created, producer=False,
+                              schedule=spec.name, tick=tick.isoformat()) as traced:
+                kind, execution_id = _start(conn, spec, tick, actor=actor)
+                traced.set(kind=kind, execution_id=execution_id)
             events.append(ev.ScheduleFired(tick=tick, kind=kind, execution_id=execution_id, next_at=next_at))
         store.append(conn, [NewEvent(stream_id=row["id"], version=row["version"] + n, data=data)
                            for n, data in enumerate(events, start=1)], actor=actor)

@@ -36,7 +36,8 @@ def start_child(conn, row: dict, spec: dict[str, Any], inputs: dict[str, Any], w
         child = start_definition(conn, spec["definition"], child_inputs, actor=actor, now=now,
                                  parent={"workflow_id": str(workflow["id"]), "step": row["step"],
                                          "job_id": str(row["id"]),
-                                         "depth": (workflow.get("nesting") or 0) + 1})
+                                         "depth": (workflow.get("nesting") or 0) + 1},
+                                 trace_parent=row.get("trace"))
     except CommandError as error:
         return None, f"could not start a workflow of definition '{spec['definition']}': {error}"
     return child, None

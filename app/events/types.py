@@ -243,6 +243,8 @@ class ScheduleCreated(EventData):
     name: str
     spec: dict[str, Any]
     next_at: datetime | None = None
+    # the creating span's trace context: every fire's own trace links to it
+    trace: dict[str, str] | None = None
 
 
 class ScheduleUpdated(EventData):
