@@ -12,6 +12,7 @@ import { mountSchedules } from "./js/schedules.js";
 import { mountOverview } from "./js/overview.js";
 import { mountList } from "./js/lists.js";
 import { mountNew } from "./js/forms.js";
+import { mountDefinition, mountDefinitions } from "./js/definitions.js";
 
 // [pattern, nav section, mount(container, params, ...captures)]
 const ROUTES = [
@@ -27,6 +28,8 @@ const ROUTES = [
   [/^\/queues$/, "queues", (el) => mountQueues(el)],
   [/^\/workers$/, "workers", (el) => mountWorkers(el)],
   [/^\/schedules$/, "schedules", (el) => mountSchedules(el)],
+  [/^\/definitions$/, "definitions", (el) => mountDefinitions(el)],
+  [/^\/definitions\/([^/]+)$/, "definitions", (el, params, name) => mountDefinition(el, name)],
 ];
 
 const main = document.getElementById("main");

@@ -6,12 +6,13 @@ import {
   clear, dateTime, debounce, emptyState, h, jobLink, syncChildren, toast, workflowLink,
 } from "./dom.js";
 import { subscribe } from "./live.js";
+import { scheduleForm } from "./schedule_form.js";
 
 const POLL_MS = 2000;
 
 function target(schedule) {
   if (schedule.job) return `job ${schedule.job.task} → ${schedule.job.queue ?? "default"}`;
-  return `definition ${schedule.definition}`;
+  return `definition ${schedule.definition}${schedule.version ? ` version ${schedule.version}` : ""}`;
 }
 
 function lastRun(schedule) {
@@ -21,7 +22,7 @@ function lastRun(schedule) {
 
 export function mountSchedules(container) {
   const body = h("tbody", { id: "schedule-rows" });
-  const empty = emptyState("No schedules. POST /schedules creates one (cron, and a job or a definition).");
+  const empty = emptyState("No schedules yet: the form below creates one (or POST /schedules).");
   const updated = h("span", { class: "muted small", "aria-live": "off" });
   let disposed = false;
 
@@ -89,7 +90,7 @@ export function mountSchedules(container) {
     h("div", { class: "card flush" }, h("div", { class: "table-wrap" }, h("table", { class: "list schedules-table" },
       h("thead", null, h("tr", null, ["Schedule", "Cron", "Starts", "Next fire", "Last tick", "Last run",
         "Fired", "Skipped", "Catch up", ""].map((label) => h("th", null, label)))),
-      body)), empty)));
+      body)), empty), scheduleForm(() => refresh())));
 
   refresh();
   const timer = setInterval(refresh, POLL_MS);
