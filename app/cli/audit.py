@@ -13,6 +13,7 @@ import psycopg
 from qforge.cli.common import complain
 from qforge.db import EmbeddedPostgresError, connect, resolve_database_url
 from qforge.events import audit, audit_proof
+from qforge.cli.progress import Progress
 from qforge.events.audit_verify import AnchorError, read_anchor, verify
 from qforge.settings import get_settings
 
@@ -87,7 +88,8 @@ def _verify(conn, args: argparse.Namespace) -> int:
     if args.archive is not None and not args.archive.is_dir():
         complain("audit", f"--archive: {args.archive} is not a directory")
         return 2
-    report = verify(conn, anchor=anchor, archive=args.archive)
+    with Progress("audit verify", unit="events") as progress:
+        report = verify(conn, anchor=anchor, archive=args.archive, progress=progress)
     for problem in report.problems:
         print(problem.describe())
     summary = (f"{report.events + report.archived_events:,} events"

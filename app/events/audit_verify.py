@@ -20,7 +20,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 from uuid import UUID
 
 from psycopg.rows import dict_row
@@ -144,8 +144,10 @@ def _check_chains(cur, archived: _ArchivedLeaves, archive_unread: bool, problems
                                     " (its newest events were deleted or changed)", row["stream_id"]))
 
 
-def _check_checkpoint_chain(conn, problems: list[Problem]) -> tuple[dict[int, bytes], dict[int, int]]:
-    """Recompute every checkpoint from its leaves; returns seq -> hash and seq -> first position."""
+def _check_checkpoint_chain(conn, problems: list[Problem], moved: Callable[[int], None] = lambda _n: None
+                            ) -> tuple[dict[int, bytes], dict[int, int]]:
+    """Recompute every checkpoint from its leaves; returns seq -> hash and seq -> first position.
+    `moved(n)` hears of the n events of every checkpoint walked."""
     hashes: dict[int, bytes] = {}
     firsts: dict[int, int] = {}
     previous: audit.Checkpoint | None = None
@@ -174,6 +176,7 @@ def _check_checkpoint_chain(conn, problems: list[Problem]) -> tuple[dict[int, by
             if point.recomputed_hash() != point.hash:
                 problems.append(Problem(first, f"checkpoint {point.seq}: its hash does not match its header"))
             previous = point
+            moved(point.events)
     return hashes, firsts
 
 
@@ -222,12 +225,22 @@ def segment_events(directory: Path, problems: list[Problem]) -> Iterator[dict[st
             yield {**line, "data_text": line["data"], "tags_text": line["tags"]}
 
 
-def verify(conn, *, anchor: Mapping[str, Any] | None = None, archive: Path | None = None) -> VerifyReport:
+def verify(conn, *, anchor: Mapping[str, Any] | None = None, archive: Path | None = None,
+           progress: Callable[[int, int | None], None] | None = None) -> VerifyReport:
     """Check the log, and the segments of the archive directory `archive` if given; problems sorted
-    by position. Without the archive, archived events are left unchecked (`report.unchecked_below`)."""
+    by position. Without the archive, archived events are left unchecked (`report.unchecked_below`).
+    `progress(done, total)` counts events through the three passes: the hash chains (one
+    statement: counted when it ends), the walk of the checkpoints (checkpoint by checkpoint) and
+    the comparison with them (one statement)."""
     started = time.perf_counter()
     report = VerifyReport()
     problems: list[Problem] = []
+    tally = {"done": 0, "total": None}
+
+    def moved(count: int) -> None:
+        tally["done"] += count
+        if progress is not None and count:
+            progress(tally["done"], tally["total"])
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         with conn.cursor(row_factory=dict_row) as cur:
@@ -240,9 +253,13 @@ def verify(conn, *, anchor: Mapping[str, Any] | None = None, archive: Path | Non
             report.archived_events = len(archived.positions)
             report.unchecked_below = 0 if archive is not None else extent["archived_upper"]
             report.events = cur.execute(q("audit_events_count")).fetchone()["n"]
+            checkpointed = cur.execute(q("audit_checkpointed_events")).fetchone()["n"]
+            tally["total"] = 2 * report.events + checkpointed
             _check_chains(cur, archived, archive is None and extent["archived_upper"] > 0, problems)
-            hashes, firsts = _check_checkpoint_chain(conn, problems)
+            moved(report.events)
+            hashes, firsts = _check_checkpoint_chain(conn, problems, moved)
             _check_against_checkpoints(cur, archived, report.unchecked_below, problems)
+            moved(report.events)
     if anchor is not None:
         report.anchor_seq = int(anchor["seq"])
         _check_anchor(anchor, hashes, firsts, problems)
