@@ -16,13 +16,26 @@ from typing import Iterator
 import httpx
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from cluster_procs import start_api
-from conftest import _create_database, _drop_database
 from qforge.commands import tokens
 from qforge.db import connect, with_database
 from test_worker_support import QFORGE, TEST_TASKS, Processes
+
+
+def _create_database(admin_url: str, name: str, template: str) -> None:
+    # the recipe of tests/conftest.py's db_url (whose helpers a module cannot import by name:
+    # tests/browser/ has a conftest module too)
+    with connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name),
+                                                                       sql.Identifier(template)))
+
+
+def _drop_database(admin_url: str, name: str) -> None:
+    with connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @dataclass

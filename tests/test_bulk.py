@@ -112,6 +112,8 @@ def test_bad_filters_are_refused_naming_the_field_and_change_nothing(conn: psyco
                         ({"filter": {"status": "sleeping"}}, "filter.status"),
                         ({"filter": {"colour": "red"}}, "filter.colour"),
                         ({"filter": {"tags": {"a:b": "c"}}}, "filter.tags"),
+                        ({"filter": {"task": "a\u0000b"}}, "filter.task"),
+                        ({"filter": {"tags": {"k": "v\u0000"}}}, "filter.tags"),
                         ({}, "filter"), ({"filter": {"queue": "refusals"}, "limit": 0}, "limit")]:
         answer = api.post("/jobs/cancel", json=body)
         assert answer.status_code == 422, (body, answer.text)

@@ -10,12 +10,12 @@ from datetime import datetime, timezone
 from typing import Callable, Literal
 
 from psycopg.rows import dict_row
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from qforge.commands.advance import advance
 from qforge.commands.errors import Conflict, Invalid
 from qforge.commands.resume import reopen_step
-from qforge.commands.specs import NAME_PATTERN, check_tags
+from qforge.commands.specs import NAME_PATTERN, Storable, check_tags
 from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.ids import new_id
@@ -41,7 +41,7 @@ def action_statuses(action: Action) -> list[str]:
     return sorted(found)
 
 
-class JobFilter(BaseModel):
+class JobFilter(Storable):
     """Which jobs: all of the given fields must match (no field: every job the action applies to)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -64,7 +64,7 @@ class JobFilter(BaseModel):
         return check_tags(tags)
 
 
-class BulkRequest(BaseModel):
+class BulkRequest(Storable):
     """`{"filter": {...}}` acts on every matching job. `dry_run` only counts them; `limit` and
     `after` let a caller go through them in parts (the answer's `next` is the next `after`)."""
 

@@ -35,11 +35,15 @@ export function scheduleForm(onCreated) {
     field("Time zone", timezone), field("Each tick starts", kind), jobPart, definitionPart, message,
     h("div", null, h("button", { class: "btn primary", type: "submit", id: "schedule-create" }, "Create schedule")));
 
+  let asked = 0; // the newest question: an older answer arriving late is dropped
   async function versions() {
-    version.replaceChildren(h("option", { value: "" }, "the latest, whichever it is"));
-    if (!definition.value) return;
-    const found = await api(`/definitions/${encodeURIComponent(definition.value)}`);
-    for (let n = found.latest_version; n >= 1; n -= 1) version.append(h("option", { value: String(n) }, `version ${n}`));
+    const mine = ++asked;
+    const options = [h("option", { value: "" }, "the latest, whichever it is")];
+    if (definition.value) {
+      const found = await api(`/definitions/${encodeURIComponent(definition.value)}`);
+      for (let n = found.latest_version; n >= 1; n -= 1) options.push(h("option", { value: String(n) }, `version ${n}`));
+    }
+    if (mine === asked) version.replaceChildren(...options);
   }
   kind.addEventListener("change", async () => {
     jobPart.hidden = kind.value !== "job";
