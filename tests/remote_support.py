@@ -1,7 +1,7 @@
-"""One real `qforge api` subprocess per test module, on a database of that module, with an admin
+"""One real `qforge api` subprocess for the test session, on a database of its own, with an admin
 token: for the tests that reach the system the way a user does (the client, the `qforge` commands
-over the API). Starting the API costs seconds on a busy machine, so a module starts it once;
-its tests keep apart by their own queues, tasks, tags and names."""
+over the API). Starting the API costs seconds on a busy machine, so it is started once (by the
+first test that asks); the tests keep apart by their own queues, tasks, tags and names."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ class Ran:
 
 @pytest.fixture
 def cli(remote: Remote, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
-    """`cli(*args, token="admin")`: `qforge ARGS --api-url <the module's API>` run by qforge.cli.main in
+    """`cli(*args, token="admin")`: `qforge ARGS --api-url <the shared API>` run by qforge.cli.main in
     this process (the very code of the console script, without a Python start per call, which
     costs seconds on a busy machine); remote.qforge runs the real executable."""
     from qforge.cli import main
@@ -90,8 +90,9 @@ def cli(remote: Remote, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.
     return run
 
 
-@pytest.fixture(scope="module")
-def remote(server_url: str, template_database: str) -> Iterator[Remote]:
+def shared_api(server_url: str, template_database: str) -> Iterator[Remote]:
+    """The session's Remote (the `remote` fixture of tests/conftest.py: a fixture imported into
+    several modules would be one fixture per module, and start an API each)."""
     name = f"m_{secrets.token_hex(6)}"
     _create_database(server_url, name, template=template_database)
     db_url = with_database(server_url, name)
@@ -111,13 +112,13 @@ def remote(server_url: str, template_database: str) -> Iterator[Remote]:
 
 @pytest.fixture
 def rconn(remote: Remote) -> Iterator[psycopg.Connection]:
-    """A dict-row autocommit connection to the module's database."""
+    """A dict-row autocommit connection to the shared API's database."""
     with connect(remote.db_url, autocommit=True, row_factory=dict_row) as connection:
         yield connection
 
 
 @pytest.fixture
 def api(remote: Remote) -> Iterator[httpx.Client]:
-    """An HTTP client of the module's API, with the admin token."""
+    """An HTTP client of the shared API, with the admin token."""
     with remote.http() as client:
         yield client

@@ -18,9 +18,9 @@ from qforge.commands.enqueue import enqueue
 from qforge.commands.report import Report, fail
 from qforge.commands.specs import JobSpec
 from qforge.producer import submit
-from remote_support import Remote, api, cli, rconn, remote  # noqa: F401 (fixtures)
+from remote_support import Remote, api, cli, rconn  # noqa: F401 (fixtures)
 
-conn = rconn  # the module's database, which its `qforge api` serves
+conn = rconn  # the database the shared `qforge api` serves
 
 def add(conn, count: int, **options) -> list[UUID]:
     return [o.id for o in enqueue(conn, [JobSpec(**{"task": "echo", **options}) for _ in range(count)], actor="test")]
@@ -101,7 +101,8 @@ def test_a_bulk_retry_reruns_a_dead_workflow_step_as_its_own_retry_does(conn: ps
     workflow = api.get(f"/workflows/{workflow_id}").json()
     assert workflow["status"] == "running"
     assert {s["step"]: s["status"] for s in workflow["steps"]} == {"first": "pending", "second": "blocked"}
-    reopened = conn.execute("SELECT data FROM events WHERE type = 'StepReopened'").fetchall()
+    reopened = conn.execute("SELECT data FROM events WHERE type = 'StepReopened' AND workflow_id = %s",
+                            [workflow_id]).fetchall()
     assert reopened and all(row["data"].get("batch_id") for row in reopened)
 
 

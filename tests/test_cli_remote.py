@@ -14,7 +14,7 @@ from qforge.commands import schedules
 from qforge.commands.claim import claim
 from qforge.commands.report import Report, fail
 from qforge.producer import enqueue, submit
-from remote_support import Remote, cli, rconn, remote  # noqa: F401 (fixtures)
+from remote_support import Remote, cli, rconn  # noqa: F401 (fixtures)
 
 conn = rconn
 

@@ -11,7 +11,7 @@ import psycopg
 from openapi_check import assert_matches
 from qforge.commands import schedules
 from qforge.commands.schedules import fire_due
-from remote_support import api, rconn, remote  # noqa: F401 (fixtures)
+from remote_support import api, rconn  # noqa: F401 (fixtures)
 
 conn = rconn
 

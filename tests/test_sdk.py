@@ -18,7 +18,7 @@ from qforge.commands.claim import claim
 from qforge.commands.report import Report, fail
 from qforge.producer import enqueue, submit
 from qforge.settings import Settings
-from remote_support import Remote, rconn, remote  # noqa: F401 (fixtures)
+from remote_support import Remote, rconn  # noqa: F401 (fixtures)
 
 conn = rconn
 

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from typing import Callable, Literal
 
 from psycopg.rows import dict_row
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from qforge.commands.advance import advance
 from qforge.commands.errors import Conflict, Invalid
@@ -71,8 +71,8 @@ class BulkRequest(Storable):
     model_config = ConfigDict(extra="forbid")
 
     filter: JobFilter
-    dry_run: bool = False
-    limit: int | None = Field(default=None, ge=1, le=MAX_LIMIT,
+    dry_run: StrictBool = False
+    limit: StrictInt | None = Field(default=None, ge=1, le=MAX_LIMIT,
                               description="look at most this many matching jobs (then `next` is set)")
     after: uuid.UUID | None = Field(default=None, description="start after this job id (a previous `next`)")
 

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from psycopg.rows import dict_row, tuple_row
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from qforge.commands import workflows
 from qforge.commands.errors import Invalid, NotFound
@@ -62,7 +62,7 @@ class RunRequest(Storable):
     model_config = ConfigDict(extra="forbid")
 
     inputs: dict[str, Any] = Field(default_factory=dict)
-    version: int | None = Field(default=None, ge=1, le=2**31 - 1,
+    version: StrictInt | None = Field(default=None, ge=1, le=2**31 - 1,
                                 description="the version to run (default: the latest)")
     tags: dict[str, str] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)

@@ -18,7 +18,7 @@ import logging
 
 import psycopg
 from psycopg.rows import dict_row
-from pydantic import Field, StrictBool, model_validator
+from pydantic import Field, StrictBool, StrictInt, model_validator
 
 from qforge.commands import cron, definitions
 from qforge.commands.enqueue import enqueue
@@ -47,7 +47,7 @@ class ScheduleSpec(Storable):
     timezone: str = Field(default="UTC", max_length=100)
     job: JobSpec | None = None
     definition: str | None = Field(default=None, min_length=1, max_length=200)
-    version: int | None = Field(default=None, ge=1, le=2**31 - 1,
+    version: StrictInt | None = Field(default=None, ge=1, le=2**31 - 1,
                                 description="the definition's version every tick runs (default: the latest)")
     inputs: dict[str, Any] | None = None
     catch_up: CatchUp = Field(default="latest", description="which ticks missed during downtime fire: none, "
