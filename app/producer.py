@@ -20,7 +20,7 @@ from qforge.commands.enqueue import enqueue_plan, span_attributes
 from qforge.commands.plan import run, run_async
 from qforge.commands.errors import Invalid
 from qforge.commands.specs import JobSpec, WorkflowSpec, parse_spec
-from qforge.commands.workflows import starts_children, submit_plan
+from qforge.commands.workflows import span_values, starts_children, submit_plan
 from qforge.workflows.durable import CodeWorkflowSpec, start_plan
 
 ACTOR = "app"  # the events' actor: written by the application, not the API or a worker
@@ -49,7 +49,9 @@ def submit(conn, workflow: WorkflowSpec | dict[str, Any]) -> uuid.UUID | Awaitab
     spec = _in_transaction_spec(workflow)
     if isinstance(conn, AsyncConnection):
         return _submit_async(conn, spec)
-    workflow_id, _ = run(conn, submit_plan(spec, actor=ACTOR), own_transaction=False)
+    with tracing.span("qforge.submit", **span_values(spec)) as traced:
+        workflow_id, _ = run(conn, submit_plan(spec, actor=ACTOR, trace=traced.carrier), own_transaction=False)
+        traced.set(workflow_id=workflow_id)
     return workflow_id
 
 
@@ -102,5 +104,8 @@ async def _enqueue_async(conn: AsyncConnection, spec: JobSpec) -> uuid.UUID:
 
 
 async def _submit_async(conn: AsyncConnection, spec: WorkflowSpec) -> uuid.UUID:
-    workflow_id, _ = await run_async(conn, submit_plan(spec, actor=ACTOR), own_transaction=False)
+    with tracing.span("qforge.submit", **span_values(spec)) as traced:
+        workflow_id, _ = await run_async(conn, submit_plan(spec, actor=ACTOR, trace=traced.carrier),
+                                         own_transaction=False)
+        traced.set(workflow_id=workflow_id)
     return workflow_id

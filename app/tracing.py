@@ -142,3 +142,52 @@ def _run_span(job: Any) -> Iterator[None]:
                                           "queue": job.queue, "workflow_id": job.workflow_id,
                                           "step": job.step})):
         yield
+
+
+# --------------------------------------------------------------------------- workflows and schedules
+#
+# A workflow run is one trace: qforge.submit (a producer span, child of the caller's span) is
+# stored as the trace context of every step, so each step's qforge.run is its child; a fan-out
+# step's elements are children of a qforge.fan_out span, itself a child of the submit; a
+# sub-workflow's qforge.submit is a child of its parent's; qforge.workflow.end, a child of the
+# submit, says how the run ended. A schedule's fire starts a trace of its own (qforge.schedule.fire,
+# linked to the span that created the schedule), in which its job or definition run is enqueued.
+
+
+@contextlib.contextmanager
+def span(name: str, *, parent: dict[str, str] | None = None, link: dict[str, str] | None = None,
+         root: bool = False, producer: bool = True, **values: Any) -> Iterator[Traced]:
+    """A span named `name`, current inside the block: a child of the stored context `parent`
+    when given, else of the current span (`root`: of none); with a link to the stored context
+    `link`. Yields its context to store (Traced.carrier), or an untraced Traced."""
+    if not active():
+        yield Traced()
+        return
+    from opentelemetry import context as otel_context, propagate, trace
+
+    if parent:
+        start_context = propagate.extract(parent)
+    elif root:
+        start_context = otel_context.Context()
+    else:
+        start_context = None
+    links = []
+    if link:
+        linked = trace.get_current_span(propagate.extract(link)).get_span_context()
+        if linked.is_valid:
+            links.append(trace.Link(linked))
+    tracer = trace.get_tracer(TRACER)
+    with tracer.start_as_current_span(name, context=start_context, links=links,
+                                      kind=trace.SpanKind.PRODUCER if producer else trace.SpanKind.INTERNAL,
+                                      attributes=_attributes(values)) as current:
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        yield Traced(current, carrier or None)
+
+
+def ended(parent: dict[str, str] | None, name: str, **values: Any) -> None:
+    """A span that marks a moment (a workflow's end) in the trace of the stored context `parent`."""
+    if not active() or not parent:
+        return
+    with span(name, parent=parent, producer=False, **values):
+        pass

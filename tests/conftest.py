@@ -181,3 +181,11 @@ def oracle(conn: psycopg.Connection) -> psycopg.Connection:
     """`conn`, with the row-by-row test oracle of the fold installed (tests/oracle_fold.sql)."""
     conn.execute(sql.SQL(ORACLE_SQL.read_text()))  # type: ignore[arg-type]
     return conn
+
+
+@pytest.fixture(scope="session")
+def remote(server_url: str, template_database: str):
+    """One real `qforge api` for the whole session, with an admin token (tests/remote_support.py)."""
+    from remote_support import shared_api
+
+    yield from shared_api(server_url, template_database)

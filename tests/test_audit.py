@@ -327,3 +327,17 @@ def test_verify_names_checkpoints_rewritten_or_removed(conn, db_url, capsys):
     assert f"position={positions[1][0]}: checkpoint 1: its leaves do not match its event count" in out, out
     assert f"position={positions[3][0]}: checkpoints 2-2 are missing" in out, out
     assert f"position={positions[2][0]}" in out  # its event is no longer covered by any checkpoint
+
+
+def test_verify_reports_progress_through_its_passes_up_to_the_total(conn):
+    from qforge.events.audit_verify import verify
+
+    for _ in range(9):
+        make_job(conn)
+    audit.checkpoint(conn, max_events=3)
+    heard: list[tuple[int, int | None]] = []
+    report = verify(conn, progress=lambda done, total: heard.append((done, total)))
+    assert not report.problems
+    total = 2 * report.events + 9
+    assert heard[-1] == (total, total) and len(heard) == 2 + 3  # two statements, three checkpoints
+    assert all(b[0] > a[0] for a, b in zip(heard, heard[1:]))

@@ -28,6 +28,7 @@ ROUTES: list[tuple[str, str, str]] = [
     ("GET", f"/jobs/{NO_ID}/proof", "read"), ("GET", f"/workflows/{NO_ID}/proof", "read"),
     ("POST", "/jobs", "operate"), ("POST", f"/jobs/{NO_ID}/cancel", "operate"),
     ("POST", f"/jobs/{NO_ID}/retry", "operate"),
+    ("POST", "/jobs/cancel", "operate"), ("POST", "/jobs/retry", "operate"),
     ("GET", "/workflows", "read"), ("GET", f"/workflows/{NO_ID}", "read"),
     ("GET", f"/workflows/{NO_ID}/events", "read"), ("POST", "/workflows", "operate"),
     ("POST", f"/workflows/{NO_ID}/cancel", "operate"),

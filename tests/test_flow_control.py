@@ -157,20 +157,7 @@ def test_bad_schedules_are_refused_naming_the_field(api: httpx.Client, body: dic
     assert api.get("/schedules").json()["items"] == []
 
 
-def test_definition_schedule_without_stored_definitions_is_refused(api: httpx.Client) -> None:
-    try:
-        import qforge.commands.definitions  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("stored definitions are in this build (the next test covers them)")
-    body = assert_error(api.post("/schedules", json={"name": "d", "cron": "* * * * *", "definition": "etl"}),
-                        422, "stored definitions are unavailable")
-    assert body["error"] == "validation"
-
-
 def test_definition_schedule_starts_a_run_per_tick(api: httpx.Client, conn: psycopg.Connection) -> None:
-    pytest.importorskip("qforge.commands.definitions")  # stored definitions (issue 15)
     stored = api.put("/definitions/etl", json={"steps": [{"step": "a", "task": "echo"}]})
     assert stored.status_code in (200, 201), stored.text
     created = api.post("/schedules", json={"name": "etl-every-second", "cron": "* * * * * *",

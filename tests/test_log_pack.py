@@ -539,3 +539,22 @@ def test_archive_takes_a_partition_a_killed_pack_was_filling_and_its_blocks_with
     assert {line["position"]: bytes.fromhex(line["hash"]) for line in lines} == events
     assert verify_archive(scratch_dir, conn).problems == []
     assert verify(conn, archive=scratch_dir) == []
+
+
+def test_pack_and_archive_report_their_progress_in_positions_up_to_the_total(conn, scratch_dir, monkeypatch, capsys):
+    """What `qforge pack` and `qforge archive` show (app/cli/progress.py): every window moves the
+    count on, never past the total, and the last report is the whole of it."""
+    monkeypatch.setattr(pack_module, "FILL_BLOCKS", 1)  # several windows per partition
+    workload(conn)
+    heard: list[tuple[int, int | None]] = []
+    pack_all(conn, progress=lambda done, total: heard.append((done, total)))
+    assert len(heard) > 3 and all(b[0] > a[0] for a, b in zip(heard, heard[1:])), heard
+    assert heard[-1][0] == heard[-1][1] and all(done <= total for done, total in heard)
+
+    archived: list[tuple[int, int | None]] = []
+    archive(conn, scratch_dir, duty=1, busy_duty=1, progress=lambda done, total: archived.append((done, total)))
+    assert archived and archived[-1][0] == archived[-1][1] == heard[-1][1]
+    capsys.readouterr()
+    monkeypatch.setenv("QFORGE_PROGRESS", "plain")
+    assert cli(["pack", "--database-url", conn.info.dsn]) == 0  # nothing left: quick, and so silent
+    assert capsys.readouterr().err == ""

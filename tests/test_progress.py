@@ -1,4 +1,5 @@
-"""Progress on the command line: silent for short work, plain lines off a terminal, a bar on one."""
+"""Progress on the command line: silent for short work and off a terminal (plain lines there when
+asked for), a bar on one."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_work_under_a_second_prints_nothing():
 
 def test_plain_lines_off_a_terminal_with_rate_and_eta_at_most_every_interval():
     clock, out = Clock(), io.StringIO()
-    with Progress("verify", total=10_000, unit="events", stream=out, clock=clock, every=5) as progress:
+    with Progress("verify", total=10_000, unit="events", stream=out, clock=clock, every=5, plain=True) as progress:
         for step in range(1, 21):
             clock.now += 1
             progress.update(step * 500)
@@ -52,8 +53,26 @@ def test_a_bar_on_a_terminal_and_advance_without_a_total():
     assert "ETA 0:06" in text and text.endswith("\n")
 
     clock, out = Clock(), io.StringIO()
-    with Progress("drain", unit="log entries", stream=out, clock=clock) as counter:
+    with Progress("drain", unit="log entries", stream=out, clock=clock, plain=True) as counter:
         for _ in range(3):
             clock.now += 1
             counter.advance(1000)
     assert out.getvalue().splitlines()[-1] == "drain: 3,000 log entries, 1,000 log entries/s, 0:03 elapsed"
+
+
+def test_nothing_off_a_terminal_unless_plain_lines_are_asked_for(monkeypatch):
+    def run(stream) -> str:
+        clock = Clock()
+        with Progress("archive", total=100, unit="positions", stream=stream, clock=clock) as progress:
+            for done in range(10, 101, 10):
+                clock.now += 1
+                progress(done, 100)
+        return stream.getvalue()
+
+    monkeypatch.delenv("QFORGE_PROGRESS", raising=False)
+    assert run(io.StringIO()) == ""
+    assert "archive  [" in run(Terminal())
+    monkeypatch.setenv("QFORGE_PROGRESS", "plain")
+    assert run(io.StringIO()).splitlines()[-1].startswith("archive: 100 of 100 positions (100 %)")
+    monkeypatch.setenv("QFORGE_PROGRESS", "off")
+    assert run(Terminal()) == ""

@@ -13,6 +13,7 @@ import { mountKeys } from "./js/keys.js";
 import { mountOverview } from "./js/overview.js";
 import { mountList } from "./js/lists.js";
 import { mountNew } from "./js/forms.js";
+import { mountDefinition, mountDefinitions } from "./js/definitions.js";
 
 // [pattern, nav section, mount(container, params, ...captures)]
 const ROUTES = [
@@ -29,6 +30,8 @@ const ROUTES = [
   [/^\/workers$/, "workers", (el) => mountWorkers(el)],
   [/^\/schedules$/, "schedules", (el) => mountSchedules(el)],
   [/^\/keys$/, "keys", (el) => mountKeys(el)],
+  [/^\/definitions$/, "definitions", (el) => mountDefinitions(el)],
+  [/^\/definitions\/([^/]+)$/, "definitions", (el, params, name) => mountDefinition(el, name)],
 ];
 
 const main = document.getElementById("main");

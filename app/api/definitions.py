@@ -77,10 +77,11 @@ def get_definition(name: DefinitionName, conn: Conn,
 @router.post("/definitions/{name}/runs", status_code=201, response_model=WorkflowView, responses=ERRORS,
              **needs("operate"))
 def run_definition(name: DefinitionName, conn: Conn, actor: Actor, body: commands.RunRequest | None = None) -> dict:
-    """Start a workflow of the latest version; its root steps get `payload.inputs`."""
+    """Start a workflow of the latest version, or of `version`; its root steps get `payload.inputs`
+    and the workflow's `definition` names the version it runs."""
     request = body or commands.RunRequest()
     workflow_id = commands.start_definition(conn, name, request.inputs, actor=actor, tags=request.tags,
-                                            idempotency_key=request.idempotency_key)
+                                            idempotency_key=request.idempotency_key, version=request.version)
     view = workflows_view.get_workflow(conn, workflow_id)
     assert view is not None
     return view

@@ -12,7 +12,8 @@ from qforge.api.common import (ERRORS, PROOF_DOC, as_of_view, bad_query, limit_q
                                proof_cursor, tag_query, tags_of)
 from qforge.api.deps import Conn, PageBytes, ReadConn
 from qforge.api.errors import ApiError
-from qforge.api.models import EventHistory, JobList, JobView
+from qforge.api.models import BulkResult, EventHistory, JobList, JobView
+from qforge.commands.bulk import BulkRequest, bulk, count_matching
 from qforge.commands.enqueue import enqueue
 from qforge.commands.specs import JobSpec
 from qforge.commands.manage import cancel_job, retry_job
@@ -88,6 +89,27 @@ def job_events(job_id: UUID, conn: ReadConn) -> dict:
                         f" newest.{PROOF_DOC}")
 def job_proof(job_id: UUID, conn: Conn, request: Request, who: Caller, cursor: proof_cursor = None) -> dict:
     return proof_answer(conn, request, who, "job", job_id, cursor)
+
+
+def _bulk(action, body: BulkRequest, conn, actor: str) -> dict:
+    if body.dry_run:
+        return {"count": count_matching(conn, action, body.filter), "next": None}
+    outcome = bulk(conn, action, body.filter, actor=actor, limit=body.limit, after=body.after)
+    return {"count": outcome.count, "next": outcome.next}
+
+
+@router.post("/jobs/cancel", response_model=BulkResult, responses=ERRORS, **needs("operate"))
+def cancel_matching(body: BulkRequest, conn: Conn, actor: Actor) -> dict:
+    """Cancel every job matching the filter that has not finished, in batches (each a transaction
+    of its own; each job's Cancelled carries its batch's id). `dry_run` only counts them."""
+    return _bulk("cancel", body, conn, actor)
+
+
+@router.post("/jobs/retry", response_model=BulkResult, responses=ERRORS, **needs("operate"))
+def retry_matching(body: BulkRequest, conn: Conn, actor: Actor) -> dict:
+    """Run again every dead or cancelled job matching the filter, in batches (a workflow's step
+    with what its end skipped, as POST /jobs/{id}/retry does). `dry_run` only counts them."""
+    return _bulk("retry", body, conn, actor)
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobView, responses=ERRORS, **needs("operate"))

@@ -55,6 +55,12 @@ class JobList(BaseModel):
     next: str | None = Field(description="pass as ?cursor= for the next page; null on the last")
 
 
+class BulkResult(BaseModel):
+    count: int = Field(description="jobs acted on (with dry_run: jobs that match now)")
+    next: UUID | None = Field(default=None, description="with a limit that was reached: pass as `after` "
+                                                         "to go on; null when every match was seen")
+
+
 # --------------------------------------------------------------------------- events
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from uuid import UUID
 
 from fastapi import APIRouter, Path, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from qforge.api.auth import Actor
 from qforge.api.common import ERRORS
@@ -33,6 +33,7 @@ class ScheduleView(BaseModel):
     timezone: str
     job: dict[str, Any] | None = None
     definition: str | None = None
+    version: int | None = Field(default=None, description="the definition's pinned version (null: the latest)")
     inputs: dict[str, Any] | None = None
     catch_up: str
     paused: bool
@@ -60,6 +61,8 @@ class SchedulePatch(BaseModel):
     timezone: str | None = None
     job: JobSpec | None = None
     definition: str | None = None
+    version: StrictInt | None = Field(default=None, ge=1, le=2**31 - 1,
+                                      description="pin a version of the definition; null: the latest")
     inputs: dict[str, Any] | None = None
     catch_up: CatchUp | None = None
 

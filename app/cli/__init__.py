@@ -195,6 +195,11 @@ def _keys_arguments(parser: argparse.ArgumentParser) -> None:
                         help="claims per second of this key's jobs over all queues (none: no limit)")
     change.add_argument("--burst", type=int, default=argparse.SUPPRESS, help="claims allowed at once after a quiet spell")
     common(change)
+def _remote_arguments(module: str) -> Callable[[argparse.ArgumentParser], None]:
+    """The arguments of a command over the API, defined beside its code."""
+    def add(parser: argparse.ArgumentParser) -> None:
+        importlib.import_module(f"qforge.cli.{module}").add_arguments(parser)
+    return add
 
 
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -220,6 +225,14 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("token", "create, list and revoke API tokens", "token", _token_arguments),
     Subcommand("keys", "concurrency and fairness keys over the API: list, show, set limits", "keys",
                _keys_arguments),
+    Subcommand("jobs", "list, show, cancel and retry jobs over the API (one by id, or all matching)",
+               "jobs", _remote_arguments("jobs")),
+    Subcommand("workflows", "list, show, cancel, resume and trigger workflows over the API", "workflows",
+               _remote_arguments("workflows")),
+    Subcommand("definitions", "stored workflow definitions over the API: list, show, put, run, diff",
+               "definitions", _remote_arguments("definitions")),
+    Subcommand("schedules", "schedules over the API: list, show, create, update, pause, resume, delete",
+               "schedules", _remote_arguments("schedules")),
     Subcommand("demo", "enqueue sample jobs and a DAG workflow against a running API", "demo",
                _demo_arguments),
 ]

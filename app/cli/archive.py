@@ -9,6 +9,7 @@ from pathlib import Path
 import psycopg
 
 from qforge.cli.common import batch_job_url, complain, database_url
+from qforge.cli.progress import Progress
 from qforge.commands.archive import ArchiveError, archive
 from qforge.db import connect
 from qforge.events.archive_check import verify_archive
@@ -29,10 +30,10 @@ def run(args: argparse.Namespace) -> int:
     if url is None:
         return 2
     try:
-        with connect(url, autocommit=True) as conn:
+        with connect(url, autocommit=True) as conn, Progress("archive", unit="positions") as progress:
             done = archive(conn, Path(directory), older_than=args.older_than, close_current=args.close_current,
                            report=lambda line: print(line, flush=True), duty=args.duty,
-                           busy_duty=args.busy_duty)
+                           busy_duty=args.busy_duty, progress=progress)
     except (ArchiveError, psycopg.Error, OSError, ValueError) as exc:
         complain("archive", exc)
         return 2

@@ -13,6 +13,7 @@ import psycopg
 from qforge.cli.common import complain
 from qforge.db import EmbeddedPostgresError, connect, resolve_database_url
 from qforge.events import audit, audit_proof, witness
+from qforge.cli.progress import Progress
 from qforge.events.audit_verify import AnchorError, read_anchor, verify
 from qforge.settings import get_settings
 
@@ -106,7 +107,8 @@ def _verify(conn, args: argparse.Namespace) -> int:
     if args.witness is not None and not witnessed:
         complain("audit", f"--witness: {args.witness} holds no head (head-<seq>-<hash>.json)")
         return 2
-    report = verify(conn, anchor=anchor, anchors=witnessed, archive=args.archive)
+    with Progress("audit verify", unit="events") as progress:
+        report = verify(conn, anchor=anchor, anchors=witnessed, archive=args.archive, progress=progress)
     for problem in report.problems:
         print(problem.describe())
     summary = (f"{report.events + report.archived_events:,} events"

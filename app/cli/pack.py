@@ -7,6 +7,7 @@ import argparse
 import psycopg
 
 from qforge.cli.common import batch_job_url, complain
+from qforge.cli.progress import Progress
 from qforge.commands.pack import PackError, pack
 from qforge.db import connect
 
@@ -20,9 +21,9 @@ def run(args: argparse.Namespace) -> int:
     if url is None:
         return 2
     try:
-        with connect(url, autocommit=True) as conn:
+        with connect(url, autocommit=True) as conn, Progress("pack", unit="positions") as progress:
             done = pack(conn, close_current=args.close_current, duty=args.duty, busy_duty=args.busy_duty,
-                        keep=args.keep, report=lambda line: print(line, flush=True))
+                        keep=args.keep, report=lambda line: print(line, flush=True), progress=progress)
     except (PackError, psycopg.Error, ValueError) as exc:
         complain("pack", exc)
         return 2

@@ -1,8 +1,14 @@
-"""Progress of long command-line work on stderr: a bar with rate and ETA on a terminal, plain
-lines otherwise (logs, CI), nothing at all for work that ends within a second."""
+"""Progress of long command-line work on stderr: a bar with counts, rate and ETA on a terminal;
+off a terminal nothing (a script's stderr stays its own), unless QFORGE_PROGRESS=plain asks for a
+plain line every few seconds (logs, CI); QFORGE_PROGRESS=off silences the bar too. Work that ends
+within a second shows nothing at all.
+
+The one progress display of every long command (replay, archive, pack, audit verify, bulk cancel
+and retry): the standard library is enough, so no dependency for it."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -25,10 +31,14 @@ class Progress:
 
     def __init__(self, label: str, total: int | None = None, *, unit: str = "items",
                  stream: TextIO | None = None, every: float | None = None, quiet_for: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, plain: bool | None = None):
         self.label, self.total, self.unit = label, total, unit
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        wanted = os.environ.get("QFORGE_PROGRESS", "").strip().lower()
+        plain = wanted == "plain" if plain is None else plain
+        # off a terminal only when asked for; never when switched off
+        self.silent = wanted == "off" or (not self.tty and not plain)
         self.every = every if every is not None else (0.2 if self.tty else 5.0)
         self.quiet_for, self.clock = quiet_for, clock
         self.started = clock()
@@ -64,6 +74,8 @@ class Progress:
                 self._show(self.clock(), final=True)
 
     def _maybe_show(self) -> None:
+        if self.silent:
+            return
         now = self.clock()
         if now - self.started < self.quiet_for:
             return

@@ -11,12 +11,13 @@ import httpx
 
 from qforge.api import models
 from qforge.client.errors import Unreachable, WaitTimeout
+from qforge.client.manage import ManageRoutes
 from qforge.client.routes import Call, Routes, job_outcome
 from qforge.client.sse import Resume, SseParser
 from qforge.client.sync import answer, headers_of, refused
 
 
-class AsyncClient(Routes):
+class AsyncClient(Routes, ManageRoutes):
     """`async with AsyncClient(base_url, token=None) as client: job = await client.enqueue("add", {...})`."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8090", token: str | None = None, *,

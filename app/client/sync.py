@@ -10,7 +10,8 @@ import httpx
 
 from qforge.api import models
 from qforge.client.errors import Unreachable, WaitTimeout, error_of
-from qforge.client.routes import Call, Routes, job_outcome
+from qforge.client.manage import ManageRoutes
+from qforge.client.routes import Call, Routes, job_outcome, route
 from qforge.client.sse import Resume, SseParser
 
 def headers_of(token: str | None) -> dict[str, str]:
@@ -25,10 +26,10 @@ def answer(call: Call, response: httpx.Response) -> Any:
         body = None
     if response.status_code >= 400:
         raise error_of(response.status_code, body, response.text)
-    return call.parse(body)
+    return call.parse(response.text if call.text else body)
 
 
-class Client(Routes):
+class Client(Routes, ManageRoutes):
     """`Client("http://127.0.0.1:8090", token=None)`; use as a context manager or call close()."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8090", token: str | None = None, *,
@@ -84,6 +85,7 @@ class Client(Routes):
                 raise WaitTimeout(job, timeout)
             time.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))
 
+    @route("GET", "/events/stream")
     def events(self, after: str | int | None = None, *, retry_seconds: float = 0.5, **filters: Any) -> Iterator[Any]:
         """The live log (GET /events/stream) as typed events, forever: a dropped connection is
         resumed from the last event received (Last-Event-ID), so nothing is missed or repeated.

@@ -23,6 +23,7 @@ from qforge.events.states import PENDING, WAITING, WORKFLOW_FINISHED
 from qforge.events.types import NewEvent
 from qforge.settings import get_settings
 from qforge.workflows import durable
+from qforge import tracing
 from qforge.sql import q
 
 # A trigger wait without timeout never fires (PostgreSQL's 'infinity' would not load in Python).
@@ -118,6 +119,10 @@ def _round(conn, cur, workflow: dict, steps: list[dict], clock: datetime, now: d
         events.append(NewEvent(stream_id=workflow_id, version=workflow["version"] + 1,
                                data=data, tags=workflow["tags"], workflow_id=workflow_id))
     store.append(conn, events, actor=actor, now=now)
+    if verdict.workflow_event and not fan.again:
+        tracing.ended(next((row["trace"] for row in steps if row.get("trace")), None), "qforge.workflow.end",
+                      workflow_id=workflow_id, status="failed" if verdict.workflow_event == ev.WorkflowFailed.type
+                      else "succeeded", error=verdict.error)
     if verdict.workflow_event and not fan.again and workflow.get("parent_job_id"):
         _tell_parent(conn, workflow["id"], actor=actor, now=now)
     return fan.again

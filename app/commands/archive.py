@@ -99,7 +99,16 @@ class Pace:
         self.busy_rests = self.rests = 0
         self.is_busy = False
         self.seen: tuple[float, int] | None = None
+        self.progress: Callable[[int, int | None], None] | None = None  # (positions done, of how many)
+        self.done = 0
+        self.total: int | None = None
         self.look()
+
+    def moved(self, positions: int) -> None:
+        """Work went `positions` further (what a progress display counts)."""
+        self.done += positions
+        if self.progress is not None and positions:
+            self.progress(self.done, self.total)
 
     def look(self) -> None:
         """Take the log's position as the baseline of the next look (again after the
@@ -183,18 +192,21 @@ def _fault(step: str) -> None:
 
 def archive(conn, directory: Path, *, older_than: timedelta | None = None, close_current: bool = False,
             report: Report | None = None, duty: float | None = None,
-            busy_duty: float | None = None, wait: bool = True) -> Archived:
+            busy_duty: float | None = None, wait: bool = True,
+            progress: Callable[[int, int | None], None] | None = None) -> Archived:
     """Archive every closed partition (whose last event is older than `older_than`, when
     given) into `directory`, working at most `duty` of the time (default_duty()), and
     at most `busy_duty` (default_busy_duty()) while the queue is busy (see Pace). With
     wait=False, do nothing (done.skipped_busy) while a pack or another archive is at work.
     `conn` must be in autocommit mode (detaching a partition concurrently runs outside
-    any transaction block; the release is many short transactions)."""
+    any transaction block; the release is many short transactions). `progress(done, total)` hears
+    of every window written, in log positions (total: those of the closed partitions)."""
     if not conn.autocommit:
         raise ValueError("archive needs an autocommit connection (DETACH CONCURRENTLY runs as its own transactions)")
     say = report or (lambda _line: None)
     pace = paced(conn, default_duty() if duty is None else duty,
                  default_busy_duty() if busy_duty is None else busy_duty)
+    pace.progress = progress
     started = time.monotonic()
     done = Archived()
     directory = Path(directory)
@@ -234,6 +246,7 @@ def _archive(conn, cur, directory: Path, older_than: timedelta | None, close_cur
             done.segments.append(row["manifest"])
     cur.execute(q("archive_partitions"), {"horizon": horizon})
     partitions = cur.fetchall()
+    pace.total = sum(part["upper"] - part["lower"] for part in partitions if part["closed"])
     cutoff = datetime.now(timezone.utc) - older_than if older_than is not None else None
     for part in partitions:
         if not part["closed"]:
@@ -245,7 +258,9 @@ def _archive(conn, cur, directory: Path, older_than: timedelta | None, close_cur
             if last is not None and last >= cutoff:
                 done.skipped.append(part["partition"])
                 break  # later partitions are younger still: the archive stays a prefix
+        before = pace.done
         manifest = _write_and_check(cur, directory, part, pace, say)
+        pace.moved(part["upper"] - part["lower"] - (pace.done - before))  # the positions no event took
         _fault("manifest")
         _record(cur, manifest)
         _fault("recorded")
@@ -315,6 +330,7 @@ def _partition_lines(cur, partition: sql.Composable, first: int | None, last: in
     for start in range(first, last + 1, READ_WINDOW):
         with cur.copy(statement, {"from": start, "to": min(start + READ_WINDOW, last + 1)}) as copy:
             yield from _lines(copy)
+        pace.moved(min(start + READ_WINDOW, last + 1) - start)
         pace.rest()
 
 

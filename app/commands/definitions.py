@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from psycopg.rows import dict_row, tuple_row
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from qforge.commands import workflows
 from qforge.commands.errors import Invalid, NotFound
@@ -66,6 +66,8 @@ class RunRequest(Storable):
     model_config = ConfigDict(extra="forbid")
 
     inputs: dict[str, Any] = Field(default_factory=dict)
+    version: StrictInt | None = Field(default=None, ge=1, le=2**31 - 1,
+                                description="the version to run (default: the latest)")
     tags: dict[str, str] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
 
@@ -141,14 +143,16 @@ def list_definitions(conn, *, limit: int = 50, cursor: str | None = None) -> tup
 
 def start_definition(conn, name: str, inputs: dict[str, Any] | None, *, actor: str,
                      idempotency_key: str | None = None, tags: dict[str, str] | None = None,
-                     now: datetime | None = None, parent: dict[str, Any] | None = None) -> uuid.UUID:
-    """Start a workflow of the latest version of `name`; its id. NotFound for an unknown
-    definition, Invalid for inputs that are not a JSON object or make no valid workflow."""
+                     now: datetime | None = None, parent: dict[str, Any] | None = None,
+                     version: int | None = None, trace_parent: dict[str, str] | None = None) -> uuid.UUID:
+    """Start a workflow of `version` of `name` (the latest without it); its id, the workflow
+    recording the version it runs. NotFound for an unknown definition or version, Invalid for
+    inputs that are not a JSON object or make no valid workflow."""
     if inputs is not None and not isinstance(inputs, dict):
         raise Invalid("inputs must be a JSON object", ["inputs: must be an object"])
-    found = get_definition(conn, name)
+    found = get_definition(conn, name, version)
     if found is None:
-        raise NotFound(f"definition {name} not found")
+        raise NotFound(f"definition {name} " + (f"has no version {version}" if version else "not found"))
     if tags:
         try:
             check_tags(tags)
@@ -158,5 +162,5 @@ def start_definition(conn, name: str, inputs: dict[str, Any] | None, *, actor: s
                          idempotency_key=idempotency_key)
     workflow_id, _ = workflows.submit(conn, spec, actor=actor, now=now,
                                       definition={"name": name, "version": found["version"]},
-                                      parent=parent)
+                                      parent=parent, trace_parent=trace_parent)
     return workflow_id

@@ -23,6 +23,7 @@ from qforge.events import types as ev
 from qforge.events.ids import new_id
 from qforge.events.states import BLOCKED, CANCELLED, DEAD, PENDING, RUNNING, SUCCEEDED, WAITING
 from qforge.events.types import NewEvent
+from qforge import tracing
 from qforge.sql import q
 
 NEVER_ATTEMPT = 0  # the step itself is never claimed: its failure names attempt 0
@@ -91,6 +92,10 @@ class Fanout:
             self._fail(row, problem, offset=2)
             return
         self.created += len(items)
+        # the elements' runs are children of one qforge.fan_out span, in the workflow's trace
+        with tracing.span("qforge.fan_out", parent=row.get("trace"), producer=True, workflow_id=self.workflow_id,
+                          step=row["step"], elements=len(items)) as traced:
+            carrier = traced.carrier
         for index, item in enumerate(items):
             self.events.append(NewEvent(
                 stream_id=new_id(), version=1, tags=row["tags"], workflow_id=self.workflow_id,
@@ -101,7 +106,7 @@ class Fanout:
                                  step=element_name(row["step"], index), step_type="task",
                                  element_of=row["step"], element_index=index,
                                  backoff_base_seconds=row["backoff_base_seconds"],
-                                 backoff_cap_seconds=row["backoff_cap_seconds"])))
+                                 backoff_cap_seconds=row["backoff_cap_seconds"], trace=carrier)))
 
     def _over_limits(self, count: int, payload: dict[str, Any], items: list, max_jobs: int | None,
                      max_bytes: int | None) -> str | None:

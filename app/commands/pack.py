@@ -75,17 +75,20 @@ def _fault(step: str) -> None:
 
 def pack(conn, *, close_current: bool = False, duty: float = 1.0, busy_duty: float | None = None,
          keep: int = 0, wait: bool = True, limit: int | None = None, report: Report | None = None,
-         stop: Callable[[], bool] | None = None) -> Packed:
+         stop: Callable[[], bool] | None = None,
+         progress: Callable[[int, int | None], None] | None = None) -> Packed:
     """Pack every closed partition of the live log that ends at least `keep` positions before
     the next append's (at most `limit` of them), working at most `duty` of the time and at
     most `busy_duty` (default: duty) while the queue is busy (the archive's Pace). With
     wait=False, do nothing when the archive or another pack is at work. `stop`, when it says
     so between two windows, ends the run there (the next run goes on from it). `conn` must be
-    in autocommit mode (each window is its own transaction)."""
+    in autocommit mode (each window is its own transaction). `progress(done, total)` hears of
+    every window packed, in log positions."""
     if not conn.autocommit:
         raise ValueError("pack needs an autocommit connection (each window is its own transaction)")
     say = report or (lambda _line: None)
     pace = paced(conn, duty, busy_duty)
+    pace.progress = progress
     started = time.monotonic()
     done = Packed()
     with conn.cursor(row_factory=dict_row) as cur:
@@ -102,7 +105,9 @@ def pack(conn, *, close_current: bool = False, duty: float = 1.0, busy_duty: flo
                 say(f"closed the current partition: new appends start at position {cur.fetchone()['boundary']}")
             horizon = _settled_horizon(conn, cur)
             cur.execute(q("pack_candidates"), {"horizon": horizon, "keep": keep})
-            for part in cur.fetchall()[:limit]:
+            candidates = cur.fetchall()[:limit]
+            pace.total = sum(part["upper"] - part["lower"] for part in candidates)
+            for part in candidates:
                 events = _pack_partition(conn, cur, part["lower"], part["upper"], pace, done, say,
                                          stop or (lambda: False))
                 if events is None:
@@ -134,11 +139,13 @@ def _pack_partition(conn, cur, lower: int, upper: int, pace: Pace, done: Packed,
     while start <= last:
         up_to = min(lower + (start - lower) // block * block + window, upper)
         cur.execute(q("pack_fill"), {"lower": lower, "up_to": up_to})
+        pace.moved(up_to - start)
         start = up_to
         pace.rest()
         if stop():
             return None
     cur.execute(q("pack_fill"), {"lower": lower, "up_to": upper})
+    pace.moved(upper - max(start, filled_to))
     _fault("filled")
     cur.execute(q("pack_indexes"), {"lower": lower})
     for statement in [row["statement"] for row in cur.fetchall()]:

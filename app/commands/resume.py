@@ -64,7 +64,7 @@ def resume(conn, workflow_id: uuid.UUID, *, actor: str = "api", now: datetime | 
 
 
 def reopen_step(conn, cur, workflow_id: uuid.UUID, step: str, *, actor: str,
-                now: datetime | None) -> list[str]:
+                now: datetime | None, batch_id: uuid.UUID | None = None) -> list[str]:
     """Within the caller's transaction (workflow and job locked, in that order): reopen one dead
     or cancelled step and what it took down with it; the workflow too, if it had failed or was
     cancelled (409 for a succeeded one: nothing of it is left to run)."""
@@ -84,7 +84,8 @@ def reopen_step(conn, cur, workflow_id: uuid.UUID, step: str, *, actor: str,
     if element is not None:  # an element runs again as part of its fan-out step
         step = element["element_of"]
     names = steps_to_reopen(states, {step})
-    _reopen(conn, cur, workflow, rows, names, f"retry of step '{step}'", actor=actor, now=now)
+    _reopen(conn, cur, workflow, rows, names, f"retry of step '{step}'", actor=actor, now=now,
+            batch_id=batch_id)
     return names
 
 
@@ -95,7 +96,7 @@ def _lock(cur, workflow_id: uuid.UUID) -> None:
 
 
 def _reopen(conn, cur, workflow: dict, rows: list[dict], names: list[str], reason: str, *,
-            actor: str, now: datetime | None) -> None:
+            actor: str, now: datetime | None, batch_id: uuid.UUID | None = None) -> None:
     if not names:
         raise Conflict(f"workflow {workflow['id']} has no dead, cancelled or skipped step to run again")
     clock = now or datetime.now(timezone.utc)
@@ -122,12 +123,14 @@ def _reopen(conn, cur, workflow: dict, rows: list[dict], names: list[str], reaso
         run_at = (wait_until(definition.type, definition.seconds, row["timeout_seconds"], clock)
                   if status == WAITING else clock)
         events.append(NewEvent(stream_id=row["id"], version=row["version"] + 1,
-                               data=ev.StepReopened(status=status, run_at=run_at, reason=reason),
+                               data=ev.StepReopened(status=status, run_at=run_at, reason=reason,
+                                                    batch_id=batch_id),
                                tags=row["tags"], workflow_id=workflow["id"]))
     for element in dead_elements:
         row = locked[element["step"]]
         events.append(NewEvent(stream_id=row["id"], version=row["version"] + 1,
-                               data=ev.StepReopened(status=BLOCKED, run_at=clock, reason=reason),
+                               data=ev.StepReopened(status=BLOCKED, run_at=clock, reason=reason,
+                                                    batch_id=batch_id),
                                tags=row["tags"], workflow_id=workflow["id"]))
     store.append(conn, events, actor=actor, now=now)
     advance(conn, [workflow["id"]], now=now, actor=actor)

@@ -18,10 +18,10 @@ import logging
 
 import psycopg
 from psycopg.rows import dict_row
-from pydantic import Field, StrictBool, field_validator, model_validator
+from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from qforge.commands import cron
+from qforge.commands import cron, definitions
 from qforge.commands.enqueue import enqueue
 from qforge.commands.errors import CommandError, Conflict, Invalid, NotFound
 from qforge.commands.specs import NAME_PATTERN, JobSpec, Storable
@@ -29,18 +29,13 @@ from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.ids import new_ids
 from qforge.events.types import NewEvent
+from qforge import tracing
 from qforge.sql import q
 from qforge.warn_once import OncePerInterval
 
 log = logging.getLogger("qforge.schedules")
 
 CatchUp = Literal["none", "latest", "all"]
-
-
-class DefinitionsUnavailable(Invalid):
-    """Stored definitions (qforge.commands.definitions) are not in this build."""
-
-    code = "validation"
 
 
 def refuse(problem: str | None, value: Any) -> Any:
@@ -53,7 +48,8 @@ def refuse(problem: str | None, value: Any) -> Any:
 
 class ScheduleSpec(Storable):
     """POST /schedules: `{"name", "cron", "timezone"?, "job": {a POST /jobs body} |
-    "definition": name, "inputs"?, "catch_up"?: "none" | "latest" | "all", "paused"?}`."""
+    "definition": name, "version"?, "inputs"?, "catch_up"?: "none" | "latest" | "all", "paused"?}`
+    (`version` pins the definition's version every tick runs; without it a tick runs the latest)."""
 
     name: str = Field(pattern=NAME_PATTERN)
     cron: str = Field(min_length=1, max_length=200,
@@ -61,6 +57,8 @@ class ScheduleSpec(Storable):
     timezone: str = Field(default="UTC", max_length=100)
     job: JobSpec | None = None
     definition: str | None = Field(default=None, min_length=1, max_length=200)
+    version: StrictInt | None = Field(default=None, ge=1, le=2**31 - 1,
+                                description="the definition's version every tick runs (default: the latest)")
     inputs: dict[str, Any] | None = None
     catch_up: CatchUp = Field(default="latest", description="which ticks missed during downtime fire: none, "
                                                              "the latest one, or all")
@@ -83,6 +81,8 @@ class ScheduleSpec(Storable):
             problems.append("give either job or definition")
         if self.inputs is not None and self.definition is None:
             problems.append("inputs go with a definition (a job has its payload)")
+        if self.version is not None and self.definition is None:
+            problems.append("version goes with a definition (it pins the definition's version)")
         if self.job is not None:
             if self.job.idempotency_key is not None:
                 problems.append("job.idempotency_key is set by the schedule (its name and the tick)")
@@ -105,46 +105,29 @@ def _now(now: datetime | None) -> datetime:
     return now or datetime.now(timezone.utc)
 
 
-def _require_definitions(conn, spec: ScheduleSpec) -> None:
+def _require_definition(conn, spec: ScheduleSpec) -> None:
     """A schedule names a stored definition that exists (as a sub-workflow step must), or it
-    would be refused at every tick instead of once, here."""
-    if spec.definition is not None and definitions_module().get_definition(conn, spec.definition) is None:
+    would be refused at every tick instead of once, here; and a pinned version of it (versions
+    are never removed, so it exists for good)."""
+    if spec.definition is None:
+        return
+    if definitions.get_definition(conn, spec.definition) is None:
         message = f"definition: no stored definition is named '{spec.definition}' (PUT /definitions/{{name}} first)"
         raise Invalid(message, [{"field": "definition", "message": message}])
-
-
-def definitions_module():
-    """The stored definitions' commands, imported when first needed (they ship separately)."""
-    try:
-        from qforge.commands import definitions  # type: ignore[attr-defined]
-    except ImportError:
-        raise DefinitionsUnavailable("definition: stored definitions are unavailable in this build;"
-                                     " schedule a job instead",
-                                     [{"field": "definition", "message": "stored definitions are unavailable"}]
-                                     ) from None
-    return definitions
-
-
-def start_definition(conn, name: str, inputs: dict[str, Any], *, actor: str, idempotency_key: str) -> UUID:
-    """The one adapter to stored definitions: start a run, return its workflow id."""
-    started = definitions_module().start_definition(conn, name, inputs, actor=actor,
-                                                    idempotency_key=idempotency_key)
-    for attribute in ("id", "workflow_id"):
-        if hasattr(started, attribute):
-            return UUID(str(getattr(started, attribute)))
-    if isinstance(started, (tuple, list)):
-        started = started[0]
-    if isinstance(started, dict):
-        started = started.get("id") or started.get("workflow_id")
-    return UUID(str(started))
+    if spec.version is not None and definitions.get_definition(conn, spec.definition, spec.version) is None:
+        raise Invalid(f"version: definition {spec.definition} has no version {spec.version}",
+                      [{"field": "version", "message": f"definition {spec.definition} has no version {spec.version}"}])
 
 
 def create_schedule(conn, spec: ScheduleSpec, *, actor: str = "api", now: datetime | None = None) -> dict:
-    _require_definitions(conn, spec)
+    _require_definition(conn, spec)
     at = _now(now)
     [stream] = new_ids(1)
+    with tracing.span("qforge.schedule.create", producer=False, schedule=spec.name) as traced:
+        pass
     events: list[ev.EventData] = [ev.ScheduleCreated(name=spec.name, spec=spec.stored(),
-                                                     next_at=cron.next_after(spec.cron, spec.timezone, at))]
+                                                     next_at=cron.next_after(spec.cron, spec.timezone, at),
+                                                     trace=traced.carrier)]
     if spec.paused:
         events.append(ev.SchedulePaused())
     try:
@@ -171,10 +154,13 @@ def update_schedule(conn, name: str, changes: dict[str, Any], *, actor: str = "a
         if "job" in changes and changes["job"] is not None:
             merged.pop("definition", None)
             merged.pop("inputs", None)
+            merged.pop("version", None)
         if "definition" in changes and changes["definition"] is not None:
             merged.pop("job", None)
+            if "version" not in changes and changes["definition"] != current.definition:
+                merged.pop("version", None)  # a pin is a version of the definition it was made for
         spec = ScheduleSpec.model_validate(merged)  # ValidationError: the API's 422
-        _require_definitions(conn, spec)
+        _require_definition(conn, spec)
         events: list[ev.EventData] = []
         if spec.stored() != row["spec"]:
             events.append(ev.ScheduleUpdated(spec=spec.stored(),
@@ -267,8 +253,14 @@ def fire_schedule(conn, name: str, *, actor: str, grace_seconds: float, now: dat
         if skipped:
             events.append(ev.ScheduleSkipped(count=len(skipped), first=skipped[0], last=skipped[-1],
                                              catch_up=spec.catch_up, next_at=next_at))
+        created = (cur.execute(q("schedule_created_trace"), {"id": row["id"]}).fetchone() or {}).get("trace") \
+            if tracing.active() and firing else None
         for tick in firing:
-            kind, execution_id = _start(conn, spec, tick, actor=actor)
+            # each fire is a trace of its own, linked to the schedule's creation
+            with tracing.span("qforge.schedule.fire", root=True, link=created, producer=False,
+                              schedule=spec.name, tick=tick.isoformat()) as traced:
+                kind, execution_id = _start(conn, spec, tick, actor=actor)
+                traced.set(kind=kind, execution_id=execution_id)
             events.append(ev.ScheduleFired(tick=tick, kind=kind, execution_id=execution_id, next_at=next_at))
         store.append(conn, [NewEvent(stream_id=row["id"], version=row["version"] + n, data=data)
                            for n, data in enumerate(events, start=1)], actor=actor)
@@ -286,8 +278,8 @@ def _start(conn, spec: ScheduleSpec, tick: datetime, *, actor: str) -> tuple[str
                                           "tags": {"schedule": spec.name, **spec.job.tags}})
         [outcome] = enqueue(conn, [job], actor=actor)
         return "job", outcome.id
-    return "workflow", start_definition(conn, spec.definition, spec.inputs or {}, actor=actor,
-                                        idempotency_key=key)
+    return "workflow", definitions.start_definition(conn, spec.definition, spec.inputs or {}, actor=actor,
+                                                    idempotency_key=key, version=spec.version)
 
 
 def next_due(conn) -> datetime | None:

@@ -38,7 +38,8 @@ def start_child(conn, row: dict, spec: dict[str, Any], inputs: dict[str, Any], w
             child = start_definition(conn, spec["definition"], child_inputs, actor=actor, now=now,
                                      parent={"workflow_id": str(workflow["id"]), "step": row["step"],
                                              "job_id": str(row["id"]),
-                                             "depth": (workflow.get("nesting") or 0) + 1})
+                                             "depth": (workflow.get("nesting") or 0) + 1},
+                                     trace_parent=row.get("trace"))
             # Sub-workflows share their root's budget: 1,000 workflow steps each starting 1,000 more
             # would otherwise multiply a small request into a billion jobs.
             limit = get_settings().max_workflow_jobs

@@ -20,11 +20,13 @@ from qforge.events import types as ev
 from qforge.events.ids import new_id
 from qforge.events.states import JOB_ACTIVE, RUNNING, WAITING, WORKFLOW_FINISHED
 from qforge.events.types import NewEvent
+from qforge import tracing
 from qforge.sql import q
 from qforge.workflows.submitted import store_submitted
 
 
-def _step_data(step: StepSpec, handlers: dict[str, list[str]], now: datetime) -> ev.Enqueued:
+def _step_data(step: StepSpec, handlers: dict[str, list[str]], now: datetime,
+               trace: dict[str, str] | None = None) -> ev.Enqueued:
     definition = step.definition()
     status = dag.initial_status(definition, handlers)
     run_at = wait_until(step.type, step.seconds, step.timeout_seconds, now) if status == WAITING else None
@@ -36,25 +38,37 @@ def _step_data(step: StepSpec, handlers: dict[str, list[str]], now: datetime) ->
                        concurrency_key=step.concurrency_key, concurrency_limit=step.concurrency_limit,
                        fairness_key=step.fairness_key,
                        backoff_base_seconds=step.backoff_base_seconds,
-                       backoff_cap_seconds=step.backoff_cap_seconds)
+                       backoff_cap_seconds=step.backoff_cap_seconds, trace=trace)
 
 
 def submit(conn, spec: WorkflowSpec, *, actor: str = "api", now: datetime | None = None,
            external_id: str | None = None,
            definition: dict[str, Any] | None = None,
-           parent: dict[str, Any] | None = None) -> tuple[uuid.UUID, bool]:
+           parent: dict[str, Any] | None = None,
+           trace_parent: dict[str, str] | None = None) -> tuple[uuid.UUID, bool]:
     """Check the graph (every problem at once: Invalid), then store the workflow and its steps; (id, created).
 
     `external_id` is the id another system knows the workflow by (the pod
     orchestrator's workflowId); `definition` ({"name", "version"}) the stored
     definition it runs; `parent` ({"workflow_id", "step", "job_id", "depth"}) the
-    step of another workflow that started it (qforge.commands.subflows)."""
-    with conn.transaction():
+    step of another workflow that started it (qforge.commands.subflows), and `trace_parent` the
+    stored trace context its qforge.submit span is a child of (the parent step's; else the
+    caller's current span)."""
+    with conn.transaction(), tracing.span("qforge.submit", parent=trace_parent, **span_values(spec, definition)
+                                          ) as traced:
         workflow_id, created = run(conn, submit_plan(spec, actor=actor, now=now, external_id=external_id,
-                                                     definition=definition, parent=parent))
+                                                     definition=definition, parent=parent, trace=traced.carrier))
+        traced.set(workflow_id=workflow_id)
         if created and starts_children(spec):
             advance(conn, [workflow_id], now=now, actor=actor)  # start root sub-workflows now
     return workflow_id, created
+
+
+def span_values(spec: WorkflowSpec, definition: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The qforge.submit span's attributes."""
+    return {"workflow": spec.name, "steps": len(spec.steps),
+            "definition": definition["name"] if definition else None,
+            "definition_version": definition["version"] if definition else None}
 
 
 def starts_children(spec: WorkflowSpec) -> bool:
@@ -64,9 +78,11 @@ def starts_children(spec: WorkflowSpec) -> bool:
 
 def submit_plan(spec: WorkflowSpec, *, actor: str = "api", now: datetime | None = None,
                 external_id: str | None = None, definition: dict[str, Any] | None = None,
-                parent: dict[str, Any] | None = None) -> Plan[tuple[uuid.UUID, bool]]:
+                parent: dict[str, Any] | None = None,
+                trace: dict[str, str] | None = None) -> Plan[tuple[uuid.UUID, bool]]:
     """submit()'s statements as a plan (qforge.commands.plan), for qforge.submit in the caller's
-    transaction too; submit() then starts root sub-workflows (starts_children)."""
+    transaction too; submit() then starts root sub-workflows (starts_children). `trace`: the
+    submit span's context, stored in every step (their runs are its children)."""
     problems = spec.problems()
     wanted = sorted({s.definition_name for s in spec.steps if s.type == "workflow" and s.definition_name})
     if wanted:  # workflow steps naming stored definitions that do not exist
@@ -91,7 +107,7 @@ def submit_plan(spec: WorkflowSpec, *, actor: str = "api", now: datetime | None 
     existing = yield from store_submitted(workflow_id, submitted, spec.tags, actor=actor, now=now)
     if existing is not None:
         return existing, False
-    rows = [job_row(new_id(), _step_data(step, handlers, clock), spec.tags, workflow_id)
+    rows = [job_row(new_id(), _step_data(step, handlers, clock, trace), spec.tags, workflow_id)
             for step in spec.steps]
     yield [Statement(q("job_enqueue"), {"jobs": json.dumps(rows), "actor": actor, "now": now})]
     return workflow_id, True
@@ -147,6 +163,8 @@ def cancel(conn, workflow_id: uuid.UUID, *, actor: str = "api",
                                workflow_id=workflow_id))
         store.append(conn, events, actor=actor, now=now)
         _end_children_and_tell_parent(conn, cur, workflow, actor=actor, now=now)
+        tracing.ended(next((r["trace"] for r in steps if r.get("trace")), None), "qforge.workflow.end",
+                      workflow_id=workflow_id, status="cancelled")
 
 
 def _end_children_and_tell_parent(conn, cur, workflow: dict, *, actor: str, now: datetime | None) -> None:

@@ -21,7 +21,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 from uuid import UUID
 
 from psycopg.rows import dict_row
@@ -146,8 +146,10 @@ def _check_chains(cur, archived: _ArchivedLeaves, archive_unread: bool, problems
                                     " (its newest events were deleted or changed)", row["stream_id"]))
 
 
-def _check_checkpoint_chain(conn, problems: list[Problem]) -> tuple[dict[int, bytes], dict[int, int]]:
-    """Recompute every checkpoint from its leaves; returns seq -> hash and seq -> first position."""
+def _check_checkpoint_chain(conn, problems: list[Problem], moved: Callable[[int], None] = lambda _n: None
+                            ) -> tuple[dict[int, bytes], dict[int, int]]:
+    """Recompute every checkpoint from its leaves; returns seq -> hash and seq -> first position.
+    `moved(n)` hears of the n events of every checkpoint walked."""
     hashes: dict[int, bytes] = {}
     firsts: dict[int, int] = {}
     previous: audit.Checkpoint | None = None
@@ -176,6 +178,7 @@ def _check_checkpoint_chain(conn, problems: list[Problem]) -> tuple[dict[int, by
             if point.recomputed_hash() != point.hash:
                 problems.append(Problem(first, f"checkpoint {point.seq}: its hash does not match its header"))
             previous = point
+            moved(point.events)
     return hashes, firsts
 
 
@@ -225,14 +228,24 @@ def segment_events(directory: Path, problems: list[Problem]) -> Iterator[dict[st
 
 
 def verify(conn, *, anchor: Mapping[str, Any] | None = None, anchors: Iterable[Mapping[str, Any]] = (),
-           archive: Path | None = None) -> VerifyReport:
+           archive: Path | None = None,
+           progress: Callable[[int, int | None], None] | None = None) -> VerifyReport:
     """Check the log against `anchor` and `anchors` (heads kept outside the database), and the
     segments of the archive directory `archive` if given; problems sorted by position. Without the
-    archive, archived events are left unchecked (`report.unchecked_below`)."""
+    archive, archived events are left unchecked (`report.unchecked_below`).
+    `progress(done, total)` counts events through the three passes: the hash chains (one
+    statement: counted when it ends), the walk of the checkpoints (checkpoint by checkpoint) and
+    the comparison with them (one statement)."""
     anchors = [*([anchor] if anchor is not None else []), *anchors]
     started = time.perf_counter()
     report = VerifyReport()
     problems: list[Problem] = []
+    tally = {"done": 0, "total": None}
+
+    def moved(count: int) -> None:
+        tally["done"] += count
+        if progress is not None and count:
+            progress(tally["done"], tally["total"])
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         with conn.cursor(row_factory=dict_row) as cur:
@@ -245,9 +258,13 @@ def verify(conn, *, anchor: Mapping[str, Any] | None = None, anchors: Iterable[M
             report.archived_events = len(archived.positions)
             report.unchecked_below = 0 if archive is not None else extent["archived_upper"]
             report.events = cur.execute(q("audit_events_count")).fetchone()["n"]
+            checkpointed = cur.execute(q("audit_checkpointed_events")).fetchone()["n"]
+            tally["total"] = 2 * report.events + checkpointed
             _check_chains(cur, archived, archive is None and extent["archived_upper"] > 0, problems)
-            hashes, firsts = _check_checkpoint_chain(conn, problems)
+            moved(report.events)
+            hashes, firsts = _check_checkpoint_chain(conn, problems, moved)
             _check_against_checkpoints(cur, archived, report.unchecked_below, problems)
+            moved(report.events)
     for each in anchors:
         _check_anchor(each, hashes, firsts, problems)
     report.anchors = len(anchors)

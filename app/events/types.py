@@ -127,6 +127,7 @@ class Retried(EventData):
     delay_seconds: float
     run_at: datetime
     manual: bool = False  # an operator's retry of a dead or cancelled job: a fresh retry budget
+    batch_id: UUID | None = None  # the batch of a bulk retry (POST /jobs/retry) that made it
 
 
 class DeadLettered(EventData):
@@ -149,6 +150,7 @@ class Cancelled(EventData):
     type = "Cancelled"
     stream_type = "job"
     reason: str
+    batch_id: UUID | None = None  # the batch of a bulk cancel (POST /jobs/cancel) that made it
 
 
 class StepReopened(EventData):
@@ -161,6 +163,7 @@ class StepReopened(EventData):
     status: Literal["blocked", "pending", "waiting"]
     run_at: datetime | None = None  # None: when it occurred
     reason: str = "resume"
+    batch_id: UUID | None = None  # the batch of a bulk retry (POST /jobs/retry) that reopened it
 
 
 class Triggered(EventData):
@@ -244,6 +247,8 @@ class ScheduleCreated(EventData):
     name: str
     spec: dict[str, Any]
     next_at: datetime | None = None
+    # the creating span's trace context: every fire's own trace links to it
+    trace: dict[str, str] | None = None
 
 
 class ScheduleUpdated(EventData):

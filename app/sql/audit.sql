@@ -40,6 +40,10 @@ SELECT seq, created_at, cursor_xid::text::bigint AS cursor_xid, cursor_position,
  ORDER BY seq DESC
  LIMIT 1
 
+-- name: audit_checkpointed_events
+-- How many events the checkpoints cover (what verify's walk of them goes through).
+SELECT coalesce(sum(events), 0)::bigint AS n FROM audit_checkpoints
+
 -- name: audit_checkpoint_headers
 -- Checkpoints in chain order, with or without their leaves (verify walks them
 -- all; a proof needs only the headers after the ones that cover its events).

@@ -27,6 +27,11 @@ SELECT * FROM schedules WHERE name = %(name)s FOR UPDATE
 -- name: schedule_get
 SELECT * FROM schedules WHERE name = %(name)s
 
+-- name: schedule_created_trace
+-- The trace context its creation stored (ScheduleCreated, the stream's first event), which the
+-- trace of each fire links to; none once that event is archived.
+SELECT data -> 'trace' AS trace FROM events WHERE stream_id = %(id)s AND version = 1
+
 -- name: schedule_list
 SELECT * FROM schedules ORDER BY name
 

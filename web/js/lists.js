@@ -7,6 +7,7 @@ import {
   clear, dateTime, emptyState, h, jobLink, pill, tagChips, workflowLink,
 } from "./dom.js";
 import { subscribe } from "./live.js";
+import { bulkBar } from "./bulk.js";
 import { JOB_STATUSES, WORKFLOW_STATUSES } from "./states.js";
 
 const PAGE = 50;
@@ -146,6 +147,12 @@ export function mountList(container, params, which) {
     schedule();
   });
 
+  function reload() { // after a bulk action: the rows as they are now
+    rows.clear();
+    tbody.replaceChildren();
+    load(null);
+  }
+
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     const wanted = Object.fromEntries(kind.filters.map((name) => [name, form.elements[name].value.trim()]));
@@ -164,7 +171,8 @@ export function mountList(container, params, which) {
   clear(container).append(h("section", { class: `view list-view ${which}` },
     h("div", { class: "toolbar" }, h("h1", null, kind.title),
       h("a", { class: "btn small", href: `#/new${which === "jobs" ? "" : "?form=workflow"}` }, which === "jobs" ? "Enqueue a job" : "Submit a workflow")),
-    form, message, count, table, h("div", { class: "more" }, more)));
+    form, which === "jobs" ? bulkBar(filters, () => reload()) : null,
+    message, count, table, h("div", { class: "more" }, more)));
   load(null);
   return () => { stopped = true; clearTimeout(scheduled); unsubscribe(); };
 }

@@ -4,10 +4,11 @@
 import { api, ApiError } from "./api.js";
 import { clear, dateTime, emptyState, h, jobLink, toast, workflowLink } from "./dom.js";
 import { pollRows } from "./polled.js";
+import { scheduleForm } from "./schedule_form.js";
 
 function target(schedule) {
   if (schedule.job) return `job ${schedule.job.task} → ${schedule.job.queue ?? "default"}`;
-  return `definition ${schedule.definition}`;
+  return `definition ${schedule.definition}${schedule.version ? ` version ${schedule.version}` : ""}`;
 }
 
 function lastRun(schedule) {
@@ -17,7 +18,7 @@ function lastRun(schedule) {
 
 export function mountSchedules(container) {
   const body = h("tbody", { id: "schedule-rows" });
-  const empty = emptyState("No schedules. POST /schedules creates one (cron, and a job or a definition).");
+  const empty = emptyState("No schedules yet: the form below creates one (or POST /schedules).");
   const updated = h("span", { class: "muted small", "aria-live": "off" });
 
   async function act(schedule, request, done) {
@@ -68,7 +69,7 @@ export function mountSchedules(container) {
     h("div", { class: "card flush" }, h("div", { class: "table-wrap" }, h("table", { class: "list schedules-table" },
       h("thead", null, h("tr", null, ["Schedule", "Cron", "Starts", "Next fire", "Last tick", "Last run",
         "Fired", "Skipped", "Catch up", ""].map((label) => h("th", null, label)))),
-      body)), empty)));
+      body)), empty), scheduleForm(() => rows.refresh())));
 
   return rows.dispose;
 }
