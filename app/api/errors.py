@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qforge.commands.errors import CommandError, Conflict, Invalid, NotFound
+from qforge.commands.specs import NAME_PATTERN, NAME_RULE
 
 log = logging.getLogger("qforge.api")
 
@@ -57,12 +58,19 @@ def _location(loc: tuple | list) -> str:
     return text or "body"
 
 
+def _message(error: dict[str, Any]) -> str:
+    """Pydantic's message, but a name that breaks NAME_PATTERN says which characters are allowed."""
+    if error.get("type") == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == NAME_PATTERN:
+        return f"must be {NAME_RULE}"
+    return str(error.get("msg", "invalid"))
+
+
 def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
     details = []
     for error in exc.errors():
         loc = list(error.get("loc", ()))
         details.append({"field": _location(loc), "in": loc[0] if loc else "body",
-                        "message": str(error.get("msg", "invalid")),
+                        "message": _message(error),
                         "type": str(error.get("type", "invalid"))})
     return details
 
@@ -85,7 +93,7 @@ async def _on_validation(request: Request, exc: RequestValidationError) -> JSONR
 async def _on_model_error(request: Request, exc: ValidationError) -> JSONResponse:
     # A model built inside a route (e.g. the compat route's WorkflowSpec).
     details = [{"field": _location(list(e.get("loc", ()))), "in": "body",
-                "message": str(e.get("msg")), "type": str(e.get("type"))} for e in exc.errors()]
+                "message": _message(e), "type": str(e.get("type"))} for e in exc.errors()]
     status = 400 if request.url.path in COMPAT_400_PATHS else 422
     return error_response(status, "invalid" if status == 422 else "bad_request",
                           "; ".join(f"{d['field']}: {d['message']}" for d in details), details)

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from qforge.commands import dag
 
 NAME_PATTERN = r"^[A-Za-z0-9_.:\-]{1,200}$"
+# What a 422 says instead of the pattern itself (qforge.api.errors).
+NAME_RULE = "1 to 200 characters, each a letter (A-Z, a-z), a digit, or one of _ . : -"
 MAX_DEPTH = 64  # nesting of objects and lists in a body (serializers give up near 255)
 
 
