@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 from pathlib import Path
@@ -10,6 +11,7 @@ from urllib.parse import urlparse
 
 import time
 from datetime import datetime, timedelta, timezone
+from typing import Any, Iterator
 
 import httpx
 import pytest
@@ -145,3 +147,218 @@ def test_overview_breaks_lines_at_gaps_and_paints_states_alike(dashboard: Dashbo
         assert series.get_attribute("stroke").lower() not in state_colours, series.get_attribute("data-series")
     shot(page, "overview")
     dashboard.assert_clean()
+
+
+# --------------------------------------------------------------------------- timeline
+
+
+def submit(api: httpx.Client, **workflow: Any) -> str:
+    response = api.post("/workflows", json=workflow)
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def finished(api: httpx.Client, workflow_id: str, status: str = "succeeded") -> dict:
+    return wait_for(lambda: (view := api.get(f"/workflows/{workflow_id}").json())["status"] == status and view,
+                    timeout=20, message=f"workflow {workflow_id} to end {status}")
+
+
+def test_timeline_names_every_stream_by_kind_and_name(dashboard: Dashboard, api: httpx.Client) -> None:
+    # A workflow submitted before the page opened: its name never passes by on the stream.
+    earlier = submit(api, name="thumbnails", steps=[{"step": "gate", "type": "wait_for_trigger"},
+                                                     {"step": "resize", "task": "echo", "depends_on": ["gate"]}])
+    page = dashboard.open("/timeline")
+    assert api.post("/schedules", json={"name": "tick-echo", "cron": "*/1 * * * * *",
+                                        "job": {"task": "echo"}}).status_code == 201
+    try:
+        assert api.post(f"/workflows/{earlier}/steps/gate/trigger", json={"payload": {}}).status_code == 200
+        finished(api, earlier)
+        fired = page.locator("tr.ev[data-type='ScheduleFired']").first
+        expect(fired).to_be_visible(timeout=15_000)
+    finally:
+        api.delete("/schedules/tick-echo")
+    cell = fired.locator("td.exec")
+    expect(cell).to_contain_text("schedule tick-echo")
+    assert cell.locator("a").get_attribute("href") == "#/schedules"
+    summary = fired.locator("td.summary").inner_text()
+    assert "{" not in summary and "started job" in summary, summary
+    resize = page.locator("tr.ev[data-type='Claimed']", has_text="resize").first
+    expect(resize.locator("td.exec")).to_contain_text("in thumbnails")  # the name, looked up
+    for row in page.locator("tr.ev").all():
+        kind = row.get_attribute("data-kind")
+        link = row.locator("td.exec a").first.get_attribute("href") or ""
+        assert row.locator("td.exec .kind").inner_text().lower() == kind
+        if kind in ("job", "workflow"):
+            assert link.startswith(f"#/{kind}s/{row.get_attribute('data-stream')}"), (kind, link)
+    shot(page, "timeline")
+    dashboard.assert_clean()
+
+
+# --------------------------------------------------------------------------- workflows
+
+
+def test_workflows_list_counts_steps_as_the_workflow_page_does(dashboard: Dashboard, api: httpx.Client) -> None:
+    workflow_id = submit(api, name="fan-counts", steps=[
+        {"step": "list", "task": "echo", "payload": {"items": ["a", "b", "c"]}},
+        {"step": "each", "task": "echo", "for_each": {"step": "list", "path": "items"}}])
+    finished(api, workflow_id)
+    [summary] = api.get("/workflows", params={"name": "fan-counts"}).json()["items"]
+    assert summary["step_counts"] == {"succeeded": 2} and summary["element_counts"] == {"succeeded": 3}
+    page = dashboard.open("/workflows?name=fan-counts")
+    row = page.locator(f"#workflows-rows tr[data-id='{workflow_id}']")
+    expect(row).to_contain_text("elements: 3 succeeded")
+    counts = row.locator(".counts > .count").all_inner_texts()
+    assert [c.split() for c in counts] == [["succeeded", "2"]], counts
+    shot(page, "workflows-list")
+    row.locator("a.idlink").first.click()
+    expect(page.locator(".detail-header .counts")).to_have_text("2 succeeded")
+    dashboard.assert_clean()
+
+
+def test_a_workflow_that_succeeded_with_a_handled_death_says_why(dashboard: Dashboard, api: httpx.Client) -> None:
+    workflow_id = submit(api, name="checkout", steps=[
+        {"step": "charge", "task": "fail", "max_retries": 0, "on_failure": "refund"},
+        {"step": "refund", "task": "echo"},
+        {"step": "ship", "task": "echo", "depends_on": ["charge"]}])
+    view = finished(api, workflow_id)
+    schema = api.get("/openapi.json").json()["components"]["schemas"]["WorkflowView"]
+    assert "outcome" in schema["properties"]
+    assert "charge died; its handler refund succeeded" in view["outcome"], view["outcome"]
+    assert "ship was skipped because charge died" in view["outcome"], view["outcome"]
+    page = dashboard.open(f"/workflows/{workflow_id}")
+    expect(page.locator("#workflow-status")).to_contain_text("succeeded")
+    expect(page.locator("#workflow-outcome")).to_contain_text("charge died; its handler refund succeeded")
+    expect(page.locator("#workflow-outcome")).to_contain_text("does not fail the workflow")
+    shot(page, "workflow-handled-death")
+    dashboard.assert_clean()
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+@pytest.fixture(scope="module")
+def handed_back_job(stack) -> Iterator[str]:
+    """A job a stopping worker handed back (Released), now running again on another worker,
+    heartbeating every 0.5 s; cancelled at the end."""
+    with stack.client() as api:
+        job = api.post("/jobs", json={"task": "slow", "queue": "handback", "max_retries": 3,
+                                      "payload": {"seconds": 60}}).json()
+        first = stack.spawn("worker", "--queues", "handback", "--name", "stopping-worker",
+                            env={"QFORGE_SHUTDOWN_GRACE_SECONDS": "0"})
+        wait_for(lambda: api.get(f"/jobs/{job['id']}").json()["status"] == "running", timeout=30,
+                 message="the first worker to take the job")
+        first.stop()
+        wait_for(lambda: any(e["type"] == "Released" for e in api.get(f"/jobs/{job['id']}/events").json()["events"]),
+                 timeout=30, message="the hand-back")
+        second = stack.spawn("worker", "--queues", "handback", "--name", "second-worker")
+        wait_for(lambda: (j := api.get(f"/jobs/{job['id']}").json())["status"] == "running" and j["attempts"] == 2,
+                 timeout=30, message="the second worker to take it again")
+        wait_for(lambda: sum(e["type"] == "Heartbeat" for e in api.get(f"/jobs/{job['id']}/events").json()["events"]) >= 3,
+                 timeout=30, message="a few heartbeats")
+        try:
+            yield job["id"]
+        finally:
+            api.post(f"/jobs/{job['id']}/cancel")
+            second.stop()
+
+
+def test_a_hand_back_is_shown_apart_from_the_attempts_that_count(
+        dashboard: Dashboard, api: httpx.Client, handed_back_job: str) -> None:
+    job = api.get(f"/jobs/{handed_back_job}").json()
+    assert job["attempts"] == 2 and job["counted_attempts"] == 1
+    assert "counted_attempts" in api.get("/openapi.json").json()["components"]["schemas"]["JobView"]["properties"]
+    page = dashboard.open(f"/jobs/{handed_back_job}")
+    expect(page.locator("#job-attempts")).to_have_text("1 of 4, handed back once")
+    shot(page, "job-handed-back")
+    dashboard.assert_clean()
+
+
+def test_job_pages_hide_heartbeats_behind_the_same_toggle_as_workflow_pages(
+        dashboard: Dashboard, api: httpx.Client, handed_back_job: str) -> None:
+    page = dashboard.open(f"/jobs/{handed_back_job}")
+    history = page.locator("ol.history")
+    expect(history.locator("li[data-type='Claimed']").first).to_be_visible()
+    expect(history.locator("li[data-type='Heartbeat']")).to_have_count(0)
+    page.locator("input.heartbeat-toggle").check()
+    expect(history.locator("li[data-type='Heartbeat']").first).to_be_visible()
+    page.locator("input.heartbeat-toggle").uncheck()
+    expect(history.locator("li[data-type='Heartbeat']")).to_have_count(0)
+    # The workflow page has the very same toggle.
+    workflow_id = submit(api, name="toggle", steps=[{"step": "only", "task": "echo"}])
+    finished(api, workflow_id)
+    dashboard.open(f"/workflows/{workflow_id}")
+    expect(page.locator("input.heartbeat-toggle")).to_have_count(1)
+    dashboard.open(f"/jobs/{handed_back_job}")
+    expect(page.locator("ol.history li[data-type='Claimed']").first).to_be_visible()
+    shot(page, "job-heartbeats-hidden")
+    dashboard.assert_clean()
+
+
+# --------------------------------------------------------------------------- search
+
+
+def test_tag_search_lists_workflows_first_with_their_steps_grouped(dashboard: Dashboard, api: httpx.Client) -> None:
+    ids = [submit(api, name=f"grouped-{n}", tags={"batch": "truth-36"},
+                  steps=[{"step": "a", "task": "echo"}, {"step": "b", "task": "echo", "depends_on": ["a"]},
+                         {"step": "c", "task": "echo", "depends_on": ["b"]}]) for n in range(3)]
+    for workflow_id in ids:
+        finished(api, workflow_id)
+    lone = api.post("/jobs", json={"task": "echo", "tags": {"batch": "truth-36"}}).json()["id"]
+    page = dashboard.open("/search?tag=batch:truth-36")
+    rows = page.locator("#search-results tr.result")
+    expect(rows).to_have_count(3 + 9 + 1)
+    visible = page.locator("#search-results tr.result:visible")
+    expect(visible).to_have_count(4)  # three workflows, their steps collapsed, then the lone job
+    kinds = [row.get_attribute("data-kind") for row in visible.all()]
+    assert kinds == ["workflow", "workflow", "workflow", "job"], kinds
+    assert visible.nth(3).get_attribute("data-id") == lone
+    first = visible.first
+    first.locator("button.steps-toggle").click()
+    steps = page.locator(f"#search-results tr.result[data-parent='{first.get_attribute('data-id')}']")
+    expect(steps).to_have_count(3)
+    for step in steps.all():
+        expect(step).to_be_visible()
+    shot(page, "search-grouped")
+    dashboard.assert_clean()
+
+
+def test_the_search_placeholder_shows_its_underscore(dashboard: Dashboard) -> None:
+    page = dashboard.open("/search")
+    box = page.locator("#tag-search")
+    assert box.get_attribute("placeholder").startswith("order_id:")
+    # A twin of the box whose placeholder has a space where the underscore is: if the two
+    # look the same, the underscore is not drawn (it read as "order id").
+    page.evaluate("""() => {
+      const input = document.getElementById('tag-search');
+      input.blur();
+      for (const box of [input]) { box.style.flex = 'none'; box.style.width = '320px'; }
+      const twin = input.cloneNode();
+      twin.id = 'tag-search-twin';
+      twin.placeholder = input.placeholder.replace('_', ' ');
+      twin.style.flex = 'none';
+      twin.style.width = '320px';
+      input.after(twin);
+    }""")
+    twin = page.locator("#tag-search-twin")
+    assert box.bounding_box()["width"] == twin.bounding_box()["width"]
+    contrast = page.evaluate("""async ([a, b]) => {
+      const pixels = async (png) => {
+        const img = new Image();
+        img.src = `data:image/png;base64,${png}`;
+        await img.decode();
+        const canvas = document.createElement('canvas');
+        canvas.width = img.width; canvas.height = img.height;
+        const context = canvas.getContext('2d');
+        context.drawImage(img, 0, 0);
+        return context.getImageData(0, 0, img.width, img.height).data;
+      };
+      const [one, two] = [await pixels(a), await pixels(b)];
+      let most = 0;
+      for (let i = 0; i < one.length; i += 4) most = Math.max(most, Math.abs(one[i] - two[i]));
+      return most;
+    }""", [base64.b64encode(box.screenshot()).decode(), base64.b64encode(twin.screenshot()).decode()])
+    # Drawn, the underscore darkens some pixel by far more than a faint trace would.
+    assert contrast >= 40, f"the placeholder's underscore is hardly drawn (at most {contrast}/255 darker)"
+    page.evaluate("""() => { document.getElementById('tag-search-twin').remove();
+                            document.getElementById('tag-search').removeAttribute('style'); }""")
+    shot(page, "search-placeholder")
