@@ -63,6 +63,9 @@ def _api_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _dev_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=None, help="API and dashboard port (default 8090)")
+    parser.add_argument("--attach", action="store_true",
+                        help="when a qforge dev already runs in this folder: run another API and two more "
+                             "pools on its database (named pool-N-<pid>) instead of refusing")
 
 
 def _migrate_arguments(parser: argparse.ArgumentParser) -> None:

@@ -362,3 +362,71 @@ def test_the_search_placeholder_shows_its_underscore(dashboard: Dashboard) -> No
     page.evaluate("""() => { document.getElementById('tag-search-twin').remove();
                             document.getElementById('tag-search').removeAttribute('style'); }""")
     shot(page, "search-placeholder")
+
+
+# --------------------------------------------------------------------------- lists and crumbs
+
+
+def test_crumbs_follow_the_way_in_and_the_jobs_list_names_workflows(dashboard: Dashboard, api: httpx.Client) -> None:
+    workflow_id = submit(api, name="crumb-trail", tags={"trail": "crumbs-36"},
+                         steps=[{"step": "first", "task": "echo"}])
+    view = finished(api, workflow_id)
+    job_id = view["steps"][0]["job_id"]
+    page = dashboard.open("/jobs?tag=trail:crumbs-36")
+    row = page.locator(f"#jobs-rows tr[data-id='{job_id}']")
+    expect(row.locator("a[data-workflow-name]")).to_have_text("crumb-trail")  # the name, not "workflow"
+    row.locator("a.idlink").first.click()
+    expect(page.locator("nav.crumbs")).to_have_text("Jobs / job")
+    page.locator("nav.crumbs a").first.click()
+    expect(page).to_have_url(re.compile(r"#/jobs\?tag=trail"))  # back to the list as it was filtered
+    page.goto(f"{dashboard.stack.url}/#/workflows?name=crumb-trail")
+    page.locator(f"#workflows-rows tr[data-id='{workflow_id}'] a.idlink").click()
+    expect(page.locator("nav.crumbs")).to_have_text("Workflows / workflow")
+    page.locator("#dag .node[data-step='first']").click()
+    page.locator("#step-panel a.idlink").first.click()
+    expect(page.locator("nav.crumbs")).to_have_text("Workflows / crumb-trail / job")
+    page.goto(f"{dashboard.stack.url}/#/search?tag=trail:crumbs-36")
+    page.locator(f"#search-results tr[data-id='{workflow_id}'] a.idlink").first.click()
+    expect(page.locator("nav.crumbs")).to_have_text("Search / workflow")
+    # Dates on one line in the workflows list.
+    page.goto(f"{dashboard.stack.url}/#/workflows")
+    expect(page.locator("#workflows-rows time").first).to_be_visible()
+    heights = page.evaluate("""() => [...document.querySelectorAll('#workflows-rows time')].map(
+      (t) => [t.getBoundingClientRect().height, parseFloat(getComputedStyle(t).lineHeight)])""")
+    assert heights and all(height < 1.5 * line for height, line in heights), heights
+    shot(page, "workflows-dates")
+    page.goto(f"{dashboard.stack.url}/#/jobs?tag=trail:crumbs-36")
+    expect(page.locator("a[data-workflow-name]").first).to_have_text("crumb-trail")
+    shot(page, "jobs-workflow-names")
+    dashboard.assert_clean()
+
+
+# --------------------------------------------------------------------------- the New forms
+
+
+def test_new_forms_list_step_types_and_built_in_tasks_and_say_which_characters_are_allowed(
+        dashboard: Dashboard, api: httpx.Client) -> None:
+    from qforge.commands.dag import STEP_TYPES
+    from qforge.workers.tasks import RESERVED_TASK_NAMES, registered_task_names
+
+    page = dashboard.open("/new?form=workflow")
+    help_text = page.locator("#workflow-help").inner_text()
+    for type_name in (*STEP_TYPES, "for_each"):
+        assert re.search(rf"\b{type_name}\b", help_text), type_name
+    assert {"task", "wait_for_trigger", "sleep", "workflow"} <= set(STEP_TYPES)
+    shot(page, "new-workflow-help")
+    page = dashboard.open("/new?form=job")
+    hint = page.locator("#task-hint").inner_text()
+    for task_name in (*registered_task_names(), *RESERVED_TASK_NAMES):
+        assert re.search(rf"\b{task_name}\b", hint), task_name
+    page.fill("input[name=queue]", "my queue")
+    page.click("#form-job button[type=submit]")
+    error = page.locator(".field-error[data-for='queue']")
+    expect(error).to_contain_text("letter")
+    assert "^[" not in error.inner_text() and "_ . : -" in error.inner_text()
+    body = api.post("/jobs", json={"task": "echo", "queue": "my queue"}).json()
+    assert body["details"][0]["field"] == "queue" and "[A-Za-z" not in body["message"], body
+    shot(page, "new-job-hint")
+    # The browser logs the refused POST itself; nothing else may be on the console.
+    dashboard.console_errors = [e for e in dashboard.console_errors if "status of 422" not in e]
+    dashboard.assert_clean()

@@ -30,8 +30,8 @@ const BUILT_IN_TASKS = [
 
 // What each step type does (the list itself is the API's: states.js STEP_TYPES).
 const STEP_HELP = {
-  task: "runs `task` (the default)", wait_for_trigger: "waits for POST …/steps/{step}/trigger",
-  sleep: "waits `seconds` without a worker", workflow: "runs stored definition `definition` as a sub-workflow",
+  task: "runs its task (the default)", wait_for_trigger: "waits for POST /workflows/{id}/steps/{step}/trigger",
+  sleep: "waits its seconds without holding a worker", workflow: "runs a stored definition (definition, inputs) as a sub-workflow",
 };
 
 function field(label, name, input, hint) {
@@ -136,10 +136,10 @@ function workflowForm() {
     h("h2", null, "Submit a workflow"),
     h("div", { class: "muted", id: "workflow-help" },
       h("p", null, "The body of POST /workflows: a name, tags, and steps with depends_on, when, on_failure and a type:"),
-      h("ul", { class: "plain" },
+      h("ul", { class: "step-types" },
         STEP_TYPES.map((type) => h("li", null, h("code", null, type), ` ${STEP_HELP[type] ?? ""}`)),
         h("li", null, h("code", null, "for_each"),
-          " on a task step: {\"step\", \"path\"?} runs it once per element of that step's output (max_parallel at once)"))));
+          " (a field of a task step, {\"step\", \"path\"?}): runs it once per element of that step's output, max_parallel at once"))));
   const body = field("Workflow (JSON)", "body", text);
   body.querySelector(".field-error").dataset.catchAll = "";
   const general = h("p", { class: "form-message", "aria-live": "polite" });
