@@ -184,12 +184,15 @@ def test_timeline_names_every_stream_by_kind_and_name(dashboard: Dashboard, api:
     assert "{" not in summary and "started job" in summary, summary
     resize = page.locator("tr.ev[data-type='Claimed']", has_text="resize").first
     expect(resize.locator("td.exec")).to_contain_text("in thumbnails")  # the name, looked up
-    for row in page.locator("tr.ev").all():
-        kind = row.get_attribute("data-kind")
-        link = row.locator("td.exec a").first.get_attribute("href") or ""
-        assert row.locator("td.exec .kind").inner_text().lower() == kind
-        if kind in ("job", "workflow"):
-            assert link.startswith(f"#/{kind}s/{row.get_attribute('data-stream')}"), (kind, link)
+    # One look at every row at once (rows keep arriving while the test reads them).
+    rows = page.evaluate("""() => [...document.querySelectorAll('tr.ev')].map((row) => ({
+      kind: row.dataset.kind, stream: row.dataset.stream,
+      said: row.querySelector('td.exec .kind').textContent,
+      link: row.querySelector('td.exec a')?.getAttribute('href') ?? ''}))""")
+    for row in rows:
+        assert row["said"] == row["kind"], row
+        if row["kind"] in ("job", "workflow"):
+            assert row["link"].startswith(f"#/{row['kind']}s/{row['stream']}"), row
     shot(page, "timeline")
     dashboard.assert_clean()
 

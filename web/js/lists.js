@@ -41,7 +41,7 @@ const KINDS = {
     owns: (event) => (event.stream_type === "job" ? event.stream_id : null),
     read: (id) => api(`/jobs/${id}`),
     row: (job) => [jobLink(job.id), job.step ? `${job.step} (${job.task})` : job.task, pill(job.status),
-      job.queue, `${job.attempts} / ${job.max_retries + 1}`, tagChips(job.tags), dateTime(job.created_at),
+      job.queue, `${job.counted_attempts ?? job.attempts} / ${job.max_retries + 1}`, tagChips(job.tags), dateTime(job.created_at),
       workflowCell(job.workflow_id)],
   },
   workflows: {
