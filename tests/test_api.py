@@ -21,11 +21,13 @@ from qforge.settings import Settings
 
 JOB_KEYS = {"id", "task", "queue", "status", "priority", "attempts", "max_retries", "run_at",
             "payload", "result", "last_error", "tags", "workflow_id", "step", "worker",
-            "heartbeat_at", "created_at", "updated_at", "concurrency_key", "concurrency_limit", "fairness_key"}
+            "heartbeat_at", "created_at", "updated_at", "concurrency_key", "concurrency_limit", "fairness_key",
+            "counted_attempts"}  # issue 36: the attempts that count against max_retries
 WORKFLOW_KEYS = {"id", "name", "status", "tags", "created_at", "finished_at", "steps",
                  # wave 2 (issue 15): what it returned, why it failed, its deadline
                  "result", "error", "deadline_at", "definition", "parent",
-                 "waiting_on"}
+                 "waiting_on",
+                 "outcome"}  # issue 36: why it ended as it did
 STEP_KEYS = {"step", "status", "job_id", "depends_on", "output", "error", "attempts",
              "started_at", "finished_at"}
 ERROR_KEYS = {"error", "message", "details"}
