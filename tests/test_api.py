@@ -22,13 +22,15 @@ from qforge.settings import Settings
 JOB_KEYS = {"id", "task", "queue", "status", "priority", "attempts", "max_retries", "run_at",
             "payload", "result", "last_error", "tags", "workflow_id", "step", "worker",
             "heartbeat_at", "created_at", "updated_at", "concurrency_key", "concurrency_limit", "fairness_key",
-            "waiting_for_worker"}  # issue 29: why a pending job may wait for a worker that is not there
+            "waiting_for_worker",
+            "counted_attempts"}  # issue 29: why a pending job may wait for a worker that is not there
 WORKFLOW_KEYS = {"id", "name", "status", "tags", "created_at", "finished_at", "steps",
                  # wave 2 (issue 15): what it returned, why it failed, its deadline
                  "result", "error", "deadline_at", "definition", "parent",
                  "waiting_on", "deadline_seconds",
                  # wave 3 (issue 32): a workflow written as code names its function and input
-                 "code", "input"}
+                 "code", "input",
+                 "outcome"}
 STEP_KEYS = {"step", "status", "job_id", "depends_on", "output", "error", "attempts",
              "started_at", "finished_at"}
 ERROR_KEYS = {"error", "message", "details"}

@@ -55,11 +55,11 @@ def processes_using(folder: Path) -> list[psutil.Process]:
 
 
 class DevRun:
-    def __init__(self, folder: Path, port: int):
+    def __init__(self, folder: Path, port: int, *extra: str):
         env = {k: v for k, v in os.environ.items()
                if k not in ("QFORGE_DATABASE_URL", "QFORGE_API_TOKEN", "QFORGE_DATA_DIR")}
         self.log = open(folder / f"dev-{port}.log", "wb")
-        self.process = subprocess.Popen([sys.executable, "-m", "qforge.cli", "dev", "--port", str(port)],
+        self.process = subprocess.Popen([sys.executable, "-m", "qforge.cli", "dev", "--port", str(port), *extra],
                                         cwd=folder, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{port}"
         self.folder = folder
@@ -144,3 +144,37 @@ def test_qforge_dev_refuses_a_port_in_use(scratch_dir: Path):
     assert result.returncode == 1
     assert "in use" in result.stderr
     assert processes_using(scratch_dir) == []
+
+
+def test_a_second_qforge_dev_in_the_folder_refuses_naming_the_first_or_attaches_when_asked(scratch_dir: Path):
+    first = DevRun(scratch_dir, free_port())
+    try:
+        wait_until(lambda: healthy(first.url) or first.process.poll() is not None, 90, "qforge dev")
+        assert first.process.poll() is None, first.output()
+        other_port = free_port()
+        refused = subprocess.run([sys.executable, "-m", "qforge.cli", "dev", "--port", str(other_port)],
+                                 cwd=scratch_dir, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert f"pid {first.process.pid}" in refused.stderr and first.url in refused.stderr, refused.stderr
+        assert "--attach" in refused.stderr and "PostgreSQL" not in refused.stdout
+
+        attached = DevRun(scratch_dir, other_port, "--attach")
+        try:
+            wait_until(lambda: healthy(attached.url) or attached.process.poll() is not None, 90, "the attached run")
+            assert attached.process.poll() is None, attached.output()
+            suffix = f"-{attached.process.pid}"
+            names = wait_until(lambda: (n := {w["name"] for w in httpx.get(f"{first.url}/workers").json()["items"]})
+                               >= {"pool-1", "pool-2", f"pool-1{suffix}", f"pool-2{suffix}"} and n, 60,
+                               "four distinct pools in one registry")
+            assert len(names) == 4, names
+            assert f"attaching to the qforge dev of pid {first.process.pid}" in attached.output()
+            assert attached.stop() == 0, attached.output()
+        finally:
+            attached.kill()
+        said = attached.output()
+        assert "starting PostgreSQL" not in said and "stopping PostgreSQL" not in said, said
+        assert healthy(first.url), "the first qforge dev lost its server when the attached one stopped"
+        assert first.stop() == 0, first.output()
+    finally:
+        first.kill()
+    assert not (scratch_dir / ".qforge" / "dev.json").exists()

@@ -14,6 +14,7 @@ import { mountOverview } from "./js/overview.js";
 import { mountList } from "./js/lists.js";
 import { mountNew } from "./js/forms.js";
 import { mountDefinition, mountDefinitions } from "./js/definitions.js";
+import { navigated } from "./js/crumbs.js";
 
 // [pattern, nav section, mount(container, params, ...captures)]
 const ROUTES = [
@@ -37,7 +38,8 @@ const ROUTES = [
 const main = document.getElementById("main");
 let unmount = null;
 
-function route() {
+function route(change) {
+  navigated(change && change.oldURL);
   const hash = location.hash.replace(/^#/, "") || "/";
   const [path, search = ""] = hash.split("?");
   const params = new URLSearchParams(search);

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import AsyncIterator
 
 from fastapi import Depends, FastAPI
-from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+import swagger_ui_bundle
 
 from qforge import tracing
 from qforge.api import (compat, dashboard_states, definitions, errors, events, executions, jobs, keys,
@@ -104,12 +104,24 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"no-referrer"),
     (b"cross-origin-opener-policy", b"same-origin"),
 ]
-# Swagger UI (/docs) is FastAPI's page: its bundle comes from a CDN and it
-# starts itself with an inline script; that page alone allows them.
-DOCS_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
-            "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
-            "img-src 'self' data: https://fastapi.tiangolo.com; connect-src 'self'; object-src 'none'; "
-            "base-uri 'none'; frame-ancestors 'none'")
+# Swagger UI (/docs): its files come from the swagger-ui-bundle-v2 package (no CDN, so it
+# works offline) under /docs/static, and web/docs.js starts it (no inline script), so the
+# page runs under SECURITY_HEADERS' policy like the dashboard.
+DOCS_PAGE = """<!doctype html>
+<html lang="en">
+<head>
+  <meta charset="utf-8">
+  <title>QForge API</title>
+  <link rel="icon" href="/favicon.svg" type="image/svg+xml">
+  <link rel="stylesheet" href="/docs/static/swagger-ui.css">
+</head>
+<body>
+  <div id="swagger-ui"></div>
+  <script src="/docs/static/swagger-ui-bundle.js"></script>
+  <script src="/docs.js"></script>
+</body>
+</html>
+"""
 
 
 class SecurityHeaders:
@@ -207,9 +219,10 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
     @app.get("/docs", include_in_schema=False, dependencies=protected)
     def docs() -> Response:
         """Swagger UI; a browser is asked for the token by Basic auth (any user name)."""
-        page = get_swagger_ui_html(openapi_url="/openapi.json", title="QForge API")
-        page.headers["Content-Security-Policy"] = DOCS_CSP
-        return page
+        return HTMLResponse(DOCS_PAGE)
+
+    # Swagger UI's own files: code, like the dashboard's, so no token.
+    app.mount("/docs/static", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="swagger-ui")
 
     states_js = dashboard_states.module()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from qforge.commands.dag import STEP_TYPES
 from qforge.events import states
 from qforge.events import types as ev
 
@@ -21,7 +22,8 @@ COLOURS: dict[str, dict[str, str]] = {
     states.RUNNING: {"c": "#2563eb", "bg": "#dbeafe", "fg": "#1e40af"},
     states.SUCCEEDED: {"c": "#16a34a", "bg": "#dcfce7", "fg": "#166534"},
     states.FAILED: {"c": "#dc2626", "bg": "#fee2e2", "fg": "#991b1b"},
-    states.DEAD: {"c": "#dc2626", "bg": "#fee2e2", "fg": "#991b1b"},
+    # dead: a darker red than failed, so the two can be told apart on one chart
+    states.DEAD: {"c": "#991b1b", "bg": "#fecaca", "fg": "#7f1d1d"},
     states.CANCELLED: {"c": "#57534e", "bg": "#e7e5e4", "fg": "#44403c"},
     states.SKIPPED: {"c": "#a8a29e", "bg": "#fafaf9", "fg": "#78716c"},
 }
@@ -67,6 +69,7 @@ def module() -> str:
         "COLOURS": {s: COLOURS[s] for s in statuses},
         "EVENT_STATUS": event_status(),
         "EVENT_TYPES": sorted(ev.EVENT_TYPES),
+        "STEP_TYPES": list(STEP_TYPES),  # the New-workflow form's help lists them
         # Which buttons a status offers; the API decides (409 otherwise), these
         # only keep buttons that cannot work off the screen.
         "CANCELLABLE": sorted(s for s in states.statuses("job") if states.allows("job", s, ev.Cancelled.type)),

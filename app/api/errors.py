@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qforge.commands.errors import CommandError, Conflict, Invalid, NotAllowed, NotFound
+from qforge.commands.specs import NAME_PATTERN, NAME_RULE
 
 log = logging.getLogger("qforge.api")
 
@@ -64,7 +65,10 @@ def _location(loc: tuple | list) -> str:
 
 
 def plain_message(error: dict[str, Any]) -> str:
-    """A validation error's sentence without pydantic's "Value error, " in front of our own words."""
+    """A validation error's sentence without pydantic's "Value error, " in front of our own words;
+    a name that breaks NAME_PATTERN says which characters are allowed."""
+    if error.get("type") == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == NAME_PATTERN:
+        return f"must be {NAME_RULE}"
     return str(error.get("msg", "invalid")).removeprefix("Value error, ")
 
 

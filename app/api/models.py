@@ -29,7 +29,10 @@ class JobView(BaseModel):
     queue: str
     status: str
     priority: int
-    attempts: int
+    attempts: int = Field(description="claims so far, hand-backs included (the fencing token)")
+    counted_attempts: int | None = Field(default=None, description=(
+        "the attempts that count against max_retries: a hand-back by a stopping worker (Released) "
+        "uses none, and an operator's retry starts the count again"))
     max_retries: int
     run_at: datetime
     payload: dict[str, Any]
@@ -171,6 +174,10 @@ class WorkflowView(BaseModel):
     waiting_on: list[WaitingOn] = []  # what a running workflow waits for, when only a trigger or timer
     code: str | None = None  # a workflow written as code: its @qforge.workflow name
     input: Any = None  # and the input it was started with
+    outcome: str | None = Field(default=None, description=(
+        "why it ended as it did (null while it runs), e.g. \"succeeded: a death whose handler succeeds "
+        "does not fail the workflow (charge died; its handler refund succeeded; ship was skipped "
+        "because charge died)\"; the rule is in docs/workflows.md"))
 
 
 class WorkflowCreated(BaseModel):
@@ -190,7 +197,10 @@ class WorkflowSummary(BaseModel):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None = None
-    step_counts: dict[str, int] = Field(description="how many steps are in each status")
+    step_counts: dict[str, int] = Field(description="how many steps are in each status (a fan-out step "
+                                                    "counts once, as on GET /workflows/{id})")
+    element_counts: dict[str, int] = Field(default_factory=dict, description=(
+        "how many elements of its fan-out (for_each) steps are in each status"))
 
 
 class WorkflowList(BaseModel):

@@ -42,6 +42,8 @@ class ScheduleView(BaseModel):
     last_execution_id: UUID | None = Field(default=None, description="the job or workflow of the last tick")
     fired: int
     skipped: int = Field(description="missed ticks that catch_up did not fire")
+    error: str | None = Field(default=None, description="why its ticks cannot fire now (e.g. its "
+                                                        "definition does not exist); null when they can")
     created_at: datetime
     updated_at: datetime
 

@@ -69,6 +69,9 @@ def _dev_arguments(parser: argparse.ArgumentParser) -> None:
                              "qforge.enqueue) and exit")
     parser.add_argument("--tasks", default="", help="comma-separated modules the two worker pools import "
                                                     "for their @task and @workflow functions")
+    parser.add_argument("--attach", action="store_true",
+                        help="when a qforge dev already runs in this folder: run another API and two more "
+                             "pools on its database (named pool-N-<pid>) instead of refusing")
 
 
 def _migrate_arguments(parser: argparse.ArgumentParser) -> None:

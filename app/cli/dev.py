@@ -6,12 +6,18 @@ the API + dashboard, the monitor and two worker pools as child processes
 reaches only this supervisor, which then stops them in order). A child that
 crashes is restarted with backoff. Ctrl-C or SIGTERM stops every child, then
 PostgreSQL, and exits 0; the data stays in ./.qforge/pgdata for the next run.
+
+One qforge dev owns a folder's data: it says so in ./.qforge/dev.json (its pid, port and
+database URL). A second one in the same folder refuses, naming them, unless --attach: then
+it runs its own API and pools (named apart) on the first one's server, which it neither
+starts nor stops.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import re
 import signal
@@ -93,15 +99,47 @@ def _pump(name: str, stream) -> None:
             sys.stdout.flush()
 
 
-def children(port: int, queues: str = "default", tasks: str = "") -> list[Child]:
+def children(port: int, queues: str = "default", tasks: str = "", suffix: str = "",
+             monitor: bool = True) -> list[Child]:
+    """The API, the monitor (unless attached: the owner runs one) and two pools serving `queues`
+    (importing `tasks`), whose names end in `suffix` so that attached pools are not taken for the
+    owner's."""
     pool = ["worker", "--allow-shell", "--concurrency", str(POOL_CONCURRENCY), "--queues", queues,
             *(["--tasks", tasks] if tasks else [])]
     return [
         Child("api", ["api", "--host", "127.0.0.1", "--port", str(port)]),
-        Child("monitor", ["monitor"]),
-        Child("pool-1", [*pool, "--name", "pool-1"]),
-        Child("pool-2", [*pool, "--name", "pool-2"]),
+        *([Child("monitor", ["monitor"])] if monitor else []),
+        Child(f"pool-1{suffix}", [*pool, "--name", f"pool-1{suffix}"]),
+        Child(f"pool-2{suffix}", [*pool, "--name", f"pool-2{suffix}"]),
     ]
+
+
+def _owner(claim: Path) -> dict | None:
+    """The running qforge dev that owns this folder's data, from its claim; None when none runs."""
+    try:
+        owner = json.loads(claim.read_text())
+        pid = int(owner["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # it was killed outright: its claim is stale
+    except PermissionError:
+        pass  # alive, another user's
+    return owner
+
+
+def _claim(claim: Path, port: int, url: str) -> None:
+    claim.write_text(json.dumps({"pid": os.getpid(), "port": port, "database_url": url}))
+
+
+def _release(claim: Path) -> None:
+    owner = _owner(claim) if claim.exists() else None
+    if owner is None:  # ours (or stale): a claim another live qforge dev wrote stays
+        claim.unlink(missing_ok=True)
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -122,10 +160,11 @@ def _healthy(port: int) -> bool:
 
 
 class Supervisor:
-    def __init__(self, port: int, env: dict[str, str], queues: str = "default", tasks: str = ""):
+    def __init__(self, port: int, env: dict[str, str], queues: str = "default", tasks: str = "",
+                 suffix: str = "", monitor: bool = True):
         self.port, self.env = port, env
         self.queues = queues
-        self.children = children(port, queues, tasks)
+        self.children = children(port, queues, tasks, suffix, monitor)
         self.stopping = threading.Event()
 
     def request_stop(self, signum: int, _frame: object) -> None:
@@ -222,16 +261,29 @@ def run(args: argparse.Namespace) -> int:
               "(letters, digits, _ . : -)", file=sys.stderr)
         return BAD_USAGE_EXIT
     port = args.port if args.port is not None else settings.port
+    data_dir = Path(settings.data_dir).expanduser().absolute()
+    claim = data_dir / "dev.json"
+    owner = _owner(claim)
+    if owner is not None and not getattr(args, "attach", False):
+        print(f"qforge dev: another qforge dev runs in this folder (pid {owner['pid']}, dashboard on "
+              f"http://127.0.0.1:{owner.get('port')}); use it, stop it, or run this one with --attach "
+              f"to add an API on port {port} and two pools to it", file=sys.stderr)
+        return 1
     if not _port_free("127.0.0.1", port):
         print(f"qforge dev: port {port} on 127.0.0.1 is in use (another qforge dev?); "
               "choose another with --port", file=sys.stderr)
         return 1
     url = args.database_url or settings.database_url
+    suffix = ""
+    if owner is not None:
+        url, suffix = owner["database_url"], f"-{os.getpid()}"
+        _say(f"attaching to the qforge dev of pid {owner['pid']} (port {owner.get('port')}): its PostgreSQL, "
+             f"which this one neither starts nor stops; pools pool-1{suffix} and pool-2{suffix}, no monitor")
     embedded: EmbeddedPostgres | None = None
     role_urls: dict[str, str] = {}
     try:
         if not url:
-            pgdata = Path(settings.data_dir).expanduser().absolute() / "pgdata"
+            pgdata = data_dir / "pgdata"
             pgdata.parent.mkdir(parents=True, exist_ok=True)
             embedded = EmbeddedPostgres()
             _say(f"starting PostgreSQL in {pgdata}")
@@ -263,13 +315,18 @@ def run(args: argparse.Namespace) -> int:
     # The demo's http steps call services on this machine: allow loopback here
     # only (issue 19: an http step refuses non-public addresses by default).
     env.setdefault("QFORGE_HTTP_ALLOW", "127.0.0.0/8,::1,localhost")
-    supervisor = Supervisor(port, env, queues, getattr(args, "tasks", "") or "")
+    supervisor = Supervisor(port, env, queues, getattr(args, "tasks", "") or "", suffix, monitor=owner is None)
     previous = {sig: signal.signal(sig, supervisor.request_stop)
                 for sig in (signal.SIGINT, signal.SIGTERM)}
+    if owner is None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        _claim(claim, port, url)
     try:
         supervisor.run()
     finally:
         supervisor.stop_all()
+        if owner is None:
+            _release(claim)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if embedded is not None:

@@ -185,12 +185,12 @@ def delete_schedule(conn, name: str, *, actor: str = "api", now: datetime | None
 def get_schedule(conn, name: str) -> dict | None:
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(q("schedule_get"), {"name": name}).fetchone()
-    return view(row) if row else None
+    return _with_errors(conn, [view(row)])[0] if row else None
 
 
 def list_schedules(conn) -> list[dict]:
     with conn.cursor(row_factory=dict_row) as cur:
-        return [view(row) for row in cur.execute(q("schedule_list")).fetchall()]
+        return _with_errors(conn, [view(row) for row in cur.execute(q("schedule_list")).fetchall()])
 
 
 def view(row: dict[str, Any]) -> dict[str, Any]:
@@ -199,7 +199,23 @@ def view(row: dict[str, Any]) -> dict[str, Any]:
             "next_fire_at": None if row["paused"] else row["next_fire_at"],
             "last_tick": row["last_tick"], "last_execution_id": row["last_execution_id"],
             "fired": row["fired"], "skipped": row["skipped"],
-            "created_at": row["created_at"], "updated_at": row["updated_at"]}
+            "created_at": row["created_at"], "updated_at": row["updated_at"], "error": None}
+
+
+def _with_errors(conn, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Say on each schedule why its ticks cannot fire, when they cannot: the monitor's firing
+    refuses a tick of a schedule whose definition does not exist (fire_due logs it), and
+    that refusal is decided by what is stored, so it is read here the same way."""
+    named = sorted({v["definition"] for v in views if v.get("definition")})
+    if not named:
+        return views
+    with conn.cursor(row_factory=dict_row) as cur:
+        known = {row["name"] for row in cur.execute(q("definitions_known"), {"names": named})}
+    for item in views:
+        if item.get("definition") and item["definition"] not in known:
+            item["error"] = (f"cannot fire: definition {item['definition']} does not exist "
+                             "(PUT /definitions/{name} stores it, or PATCH the schedule)")
+    return views
 
 
 # --------------------------------------------------------------------------- firing (the monitor)

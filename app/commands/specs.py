@@ -24,6 +24,8 @@ MAX_STEPS = 1000  # steps in one workflow or definition (docs/workflows.md): a l
 # "otherwise". Its shape is checked with the graph (dag.validate: every problem at once).
 When = dict[str, Any] | Literal["otherwise"]
 STEPS_LIMIT = f"at most {MAX_STEPS} steps (past it: 422 naming the limit)"
+# What a 422 says instead of the pattern itself (qforge.api.errors).
+NAME_RULE = "1 to 200 characters, each a letter (A-Z, a-z), a digit, or one of _ . : -"
 MAX_DEPTH = 64  # nesting of objects and lists in a body (serializers give up near 255)
 
 

@@ -18,8 +18,13 @@ JOB_FIELDS = ("id", "task", "queue", "status", "priority", "attempts", "max_retr
 
 
 def job_view(row: dict[str, Any]) -> dict[str, Any]:
-    """A jobs row (or an as-of fold of one) in the contract's shape."""
-    return {name: row.get(name) for name in JOB_FIELDS}
+    """A jobs row (or an as-of fold of one) in the contract's shape, with the attempts that
+    count against max_retries (not those handed back by a stopping worker, nor those spent
+    before an operator's retry)."""
+    view = {name: row.get(name) for name in JOB_FIELDS}
+    if row.get("attempts") is not None and row.get("free_attempts") is not None:  # as-of folds lack it
+        view["counted_attempts"] = row["attempts"] - row["free_attempts"]
+    return view
 
 
 def get_job_row(conn, job_id: UUID) -> dict[str, Any] | None:

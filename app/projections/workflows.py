@@ -7,7 +7,7 @@ from uuid import UUID
 
 from psycopg.rows import dict_row
 
-from qforge.events.states import BLOCKED, JOB_ACTIVE, RUNNING, WAITING
+from qforge.events.states import BLOCKED, CANCELLED, DEAD, JOB_ACTIVE, RUNNING, SKIPPED, SUCCEEDED, WAITING
 from qforge.projections.pages import fetch_page
 from qforge.sql import q
 from qforge.workflows import journal as code_journal
@@ -110,7 +110,43 @@ def workflow_view(workflow: dict[str, Any], rows: list[dict[str, Any]],
                         if row.get("step_type") == "workflow" else {})
                      | ({"input": row.get("payload")} if workflow.get("code") else {})
                      for row in ordered_steps(workflow, steps)]
+    view["outcome"] = outcome(view)
     return view
+
+
+# How a step's end reads in a sentence.
+ENDED = {DEAD: "died", CANCELLED: "was cancelled", SKIPPED: "was skipped", SUCCEEDED: "succeeded"}
+
+
+def outcome(view: dict[str, Any]) -> str | None:
+    """Why the workflow ended as it did, in a sentence (None while it runs). The rule
+    (docs/workflows.md): it succeeds when every step succeeded or was skipped, except
+    dead steps whose on_failure handler succeeded; a step after a dead one is skipped."""
+    status = view.get("status")
+    if status == RUNNING or status is None:
+        return None
+    steps = {step["step"]: step for step in view.get("steps") or []}
+    said = [f"{name} died; its handler {step['on_failure']} "
+            f"{ENDED.get(steps.get(step['on_failure'], {}).get('status'), 'did not run')}"
+            for name, step in steps.items() if step["status"] == DEAD and step.get("on_failure")]
+    said += [f"{name} died with no on_failure handler" for name, step in steps.items()
+             if step["status"] == DEAD and not step.get("on_failure")]
+    for name, step in steps.items():
+        if step["status"] != SKIPPED:
+            continue
+        blockers = [dep for dep in step.get("depends_on") or []
+                    if steps.get(dep, {}).get("status") in (DEAD, CANCELLED)]
+        if blockers:
+            said.append(f"{name} was skipped because {' and '.join(blockers)} "
+                        f"{ENDED[steps[blockers[0]]['status']] if len(blockers) == 1 else 'did not succeed'}")
+    if status == SUCCEEDED:
+        rule = ("every step succeeded or was skipped" if not any(s["status"] == DEAD for s in steps.values())
+                else "a death whose handler succeeds does not fail the workflow")
+        return f"succeeded: {rule}" + (f" ({'; '.join(said)})" if said else "")
+    if status == CANCELLED:
+        return "cancelled" + (f" ({'; '.join(said)})" if said else "")
+    reason = view.get("error") or "; ".join(said)
+    return f"{status}: {reason}" if reason else status
 
 
 def get_workflow_rows(conn, workflow_id: UUID) -> tuple[dict, list[dict]] | None:
@@ -140,22 +176,26 @@ def get_workflow(conn, workflow_id: UUID) -> dict[str, Any] | None:
     return workflow_view(*found, children=children)
 
 
-def summary_view(row: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:
-    """A list item: the workflow without its steps, with how many steps are in each status."""
+def summary_view(row: dict[str, Any], counts: dict[str, int],
+                 element_counts: dict[str, int] | None = None) -> dict[str, Any]:
+    """A list item: the workflow without its steps, with how many steps are in each status
+    (as its page counts them: a fan-out step once) and how many fan-out elements."""
     return {"id": row["id"], "name": row["name"], "status": row["status"], "tags": row["tags"],
             "error": row["error"], "created_at": row["created_at"],
             "updated_at": row["updated_at"], "finished_at": row["finished_at"],
-            "step_counts": counts}
+            "step_counts": counts, "element_counts": element_counts or {}}
 
 
 def summaries(conn, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     counts: dict[UUID, dict[str, int]] = {row["id"]: {} for row in rows}
+    elements: dict[UUID, dict[str, int]] = {row["id"]: {} for row in rows}
     if rows:
         with conn.cursor(row_factory=dict_row) as cur:
             cur.execute(q("workflow_step_counts"), {"ids": list(counts)})
             for found in cur.fetchall():
-                counts[found["workflow_id"]][found["status"]] = found["n"]
-    return [summary_view(row, counts[row["id"]]) for row in rows]
+                into = elements if found["element"] else counts
+                into[found["workflow_id"]][found["status"]] = found["n"]
+    return [summary_view(row, counts[row["id"]], elements[row["id"]]) for row in rows]
 
 
 def list_workflows(conn, *, status: str | None = None, tags: list[tuple[str, str]] | None = None,

@@ -35,11 +35,12 @@ SELECT w.id, w.name, w.status, w.tags, w.error, w.created_at, w.updated_at, w.fi
  LIMIT %(limit)s
 
 -- name: workflow_step_counts
--- How many steps of each listed workflow are in each status (for list pages).
-SELECT workflow_id, status, count(*) AS n
+-- How many steps of each listed workflow are in each status (for list pages), the
+-- elements of fan-out steps apart (element), as the workflow's page counts them.
+SELECT workflow_id, element_of IS NOT NULL AS element, status, count(*) AS n
   FROM jobs
  WHERE workflow_id = ANY(%(ids)s::uuid[])
- GROUP BY workflow_id, status
+ GROUP BY workflow_id, element_of IS NOT NULL, status
 
 -- name: executions_by_tags
 -- Everything that carries ALL the given tags, newest first, paged in the database: the

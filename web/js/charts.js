@@ -6,7 +6,9 @@ import { h, s } from "./dom.js";
 const WIDTH = 520;
 const HEIGHT = 190;
 const PAD = { left: 44, right: 10, top: 10, bottom: 22 };
-export const PALETTE = ["#2563eb", "#16a34a", "#dc2626", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#64748b"];
+// Colours for series that are not statuses (queues, percentiles): none of them is a status
+// colour (states.js), so a green line never means "succeeded" unless it is.
+export const PALETTE = ["#0d9488", "#db2777", "#0891b2", "#a16207", "#c026d3", "#1e293b", "#4d7c0f", "#e879f9"];
 
 function niceMax(value) {
   if (!(value > 0)) return 1;

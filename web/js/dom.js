@@ -131,10 +131,25 @@ export function clock(iso) {
     h("span", { class: "ms" }, `.${pad(time.getMilliseconds(), 3)}`));
 }
 
-export function dateTime(iso) {
+const DATE_TIME = {
+  year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit",
+  hourCycle: "h23", timeZoneName: "short",
+};
+
+/** "2 Dec 2026, 14:03:22 UTC": in the browser's zone, or in `zone` (an IANA name), always
+ * naming the zone; on one line (class "dt"). */
+export function formatDateTime(time, zone) {
+  try {
+    return time.toLocaleString([], zone ? { ...DATE_TIME, timeZone: zone } : DATE_TIME);
+  } catch { // a zone this browser does not know
+    return time.toLocaleString([], DATE_TIME);
+  }
+}
+
+export function dateTime(iso, { zone } = {}) {
   const time = parseTime(iso);
   if (!time) return h("span", { class: "muted" }, iso === "infinity" ? "never" : "—");
-  return h("time", { datetime: iso, title: iso }, time.toLocaleString());
+  return h("time", { datetime: iso, title: iso, class: "dt" }, formatDateTime(time, zone));
 }
 
 export function duration(seconds) {

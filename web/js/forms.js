@@ -6,6 +6,7 @@
 
 import { api, ApiError } from "./api.js";
 import { clear, h, toast } from "./dom.js";
+import { STEP_TYPES } from "./states.js";
 
 const TAG_PATTERN = /^[^:\s]+:\S+$/;
 
@@ -17,6 +18,20 @@ const EXAMPLE_WORKFLOW = {
     { step: "transform", task: "add", payload: { a: 1, b: 2 }, depends_on: ["extract"] },
     { step: "load", task: "echo", depends_on: ["transform"] },
   ],
+};
+
+// The tasks every worker has (qforge.workers.tasks and its executors), with what they take;
+// tests/browser/test_truth.py holds this list to the registry.
+const BUILT_IN_TASKS = [
+  ["echo", "returns its payload"], ["add", "{a, b}: their sum"], ["slow", "{seconds}: sleeps"],
+  ["fail", "{message}: always fails"], ["flaky", "{fail_times}: fails that many attempts"],
+  ["shell", "{command}: a worker started with --allow-shell"], ["http", "{url, method?, ...}: an HTTP call"],
+];
+
+// What each step type does (the list itself is the API's: states.js STEP_TYPES).
+const STEP_HELP = {
+  task: "runs its task (the default)", wait_for_trigger: "waits for POST /workflows/{id}/steps/{step}/trigger",
+  sleep: "waits its seconds without holding a worker", workflow: "runs a stored definition (definition, inputs) as a sub-workflow",
 };
 
 function field(label, name, input, hint) {
@@ -75,7 +90,10 @@ function jobForm() {
   const payload = h("textarea", { name: "payload", rows: 5, spellcheck: "false" }, '{"a": 2, "b": 3}');
   const form = h("form", { class: "start-form card", id: "form-job", novalidate: true },
     h("h2", null, "Enqueue a job"),
-    field("Task", "task", h("input", { name: "task", value: "add", required: true, autocomplete: "off" })),
+    field("Task", "task", h("input", { name: "task", value: "add", required: true, autocomplete: "off", list: "builtin-tasks" }),
+      h("span", { id: "task-hint" }, "Built in: ", BUILT_IN_TASKS.map(([name, what], index) =>
+        [index ? "; " : "", h("code", null, name), ` ${what}`]), "; or any task your workers register.")),
+    h("datalist", { id: "builtin-tasks" }, BUILT_IN_TASKS.map(([name]) => h("option", { value: name }))),
     field("Payload (JSON object)", "payload", payload),
     h("div", { class: "form-row" },
       field("Queue", "queue", h("input", { name: "queue", placeholder: "default", autocomplete: "off" })),
@@ -116,7 +134,12 @@ function workflowForm() {
   const text = h("textarea", { name: "body", rows: 16, spellcheck: "false" }, JSON.stringify(EXAMPLE_WORKFLOW, null, 2));
   const form = h("form", { class: "start-form card", id: "form-workflow", novalidate: true },
     h("h2", null, "Submit a workflow"),
-    h("p", { class: "muted" }, "The body of POST /workflows: a name, tags, and steps with depends_on, when, on_failure, type (task, wait_for_trigger, sleep)."));
+    h("div", { class: "muted", id: "workflow-help" },
+      h("p", null, "The body of POST /workflows: a name, tags, and steps with depends_on, when, on_failure and a type:"),
+      h("ul", { class: "step-types" },
+        STEP_TYPES.map((type) => h("li", null, h("code", null, type), ` ${STEP_HELP[type] ?? ""}`)),
+        h("li", null, h("code", null, "for_each"),
+          " (a field of a task step, {\"step\", \"path\"?}): runs it once per element of that step's output, max_parallel at once"))));
   const body = field("Workflow (JSON)", "body", text);
   body.querySelector(".field-error").dataset.catchAll = "";
   const general = h("p", { class: "form-message", "aria-live": "polite" });

@@ -6,6 +6,7 @@ import {
   eventBadge, facts, h, pill, statusClass, tagChips, toast, workflowLink, EVENT_STATUS, S,
 } from "./dom.js";
 import { auditStatus } from "./audit.js";
+import { crumbs } from "./crumbs.js";
 import { subscribe } from "./live.js";
 import { summarize } from "./summary.js";
 
@@ -35,6 +36,23 @@ export function historyList(events, { stepOf, label } = {}) {
     }));
 }
 
+// Heartbeats (one every few seconds while a job runs) are hidden from histories unless the
+// reader asks for them; one choice for job and workflow pages alike.
+let showHeartbeats = false;
+
+/** The "heartbeats" checkbox of a history heading, and the events it lets through. */
+export function heartbeatToggle(events, onChange) {
+  const beats = events.filter((event) => event.type === "Heartbeat").length;
+  const box = h("input", { type: "checkbox", class: "heartbeat-toggle", checked: showHeartbeats });
+  box.addEventListener("change", () => { showHeartbeats = box.checked; onChange(); });
+  return h("label", { class: "check small history-toggle" }, box,
+    ` show ${beats} heartbeat${beats === 1 ? "" : "s"}`);
+}
+
+export function visibleHistory(events) {
+  return showHeartbeats ? events : events.filter((event) => event.type !== "Heartbeat");
+}
+
 /** Re-render without closing the history entries the reader opened. */
 export function keepOpenDetails(root, render) {
   const open = new Set([...root.querySelectorAll("li[data-position] details[open]")]
@@ -45,9 +63,16 @@ export function keepOpenDetails(root, render) {
   }
 }
 
-function attemptsText(job) {
+const TIMES = ["never", "once", "twice"];
+
+/** "1 of 4, handed back once": the attempts that count against the budget (GET /jobs/{id}
+ * counted_attempts), and apart from them the hand-backs of stopping workers (Released). */
+function attemptsText(job, events) {
   const allowed = job.max_retries != null ? job.max_retries + 1 : null;
-  return allowed != null ? `${job.attempts ?? 0} of ${allowed}` : String(job.attempts ?? 0);
+  const counted = job.counted_attempts ?? job.attempts ?? 0;
+  const released = events.filter((event) => event.type === "Released").length;
+  const text = allowed != null ? `${counted} of ${allowed}` : String(counted);
+  return released ? `${text}, handed back ${TIMES[released] ?? `${released} times`}` : text;
 }
 
 function outcome(job) {
@@ -100,7 +125,7 @@ export function mountJob(container, jobId) {
       buttons.push(h("button", { class: "btn primary", id: "job-retry", type: "button", onclick: () => act("retry") }, "Retry"));
     }
     clear(root).append(
-      h("nav", { class: "crumbs" }, h("a", { href: "#/timeline" }, "Timeline"), " / job"),
+      crumbs("job", { fallback: "jobs" }),
       h("header", { class: "detail-header" },
         h("div", null,
           h("h1", null, h("span", { class: "task" }, job.step ? `${job.step}` : job.task ?? "job"),
@@ -115,7 +140,8 @@ export function mountJob(container, jobId) {
         h("div", { class: "card" }, facts([
           ["Task", job.task],
           ["Queue", job.queue],
-          ["Attempts", h("span", { id: "job-attempts" }, attemptsText(job))],
+          ["Attempts", h("span", { id: "job-attempts", title: "attempts that count against max_retries; "
+            + "a worker that stops hands its job back (Released) without using one" }, attemptsText(job, events))],
           ["Priority", String(job.priority ?? 0)],
           ["Worker", job.worker || null],
           ["Heartbeat", job.heartbeat_at ? dateTime(job.heartbeat_at) : null],
@@ -129,8 +155,8 @@ export function mountJob(container, jobId) {
         h("div", { class: "stack" },
           h("div", { class: "card" }, h("h3", null, "Payload"), codeBlock(job.payload ?? {})),
           ...outcome(job))),
-      h("h2", null, "History"),
-      historyList(events, { label: "Job history" }));
+      h("h2", null, "History ", heartbeatToggle(events, () => render(job, events))),
+      historyList(visibleHistory(events), { label: "Job history" }));
   }
 
   // One load at a time; a change seen during a load triggers one more after it.
@@ -149,7 +175,7 @@ export function mountJob(container, jobId) {
     } catch (error) {
       if (disposed) return;
       clear(root).append(
-        h("nav", { class: "crumbs" }, h("a", { href: "#/timeline" }, "Timeline"), " / job"),
+        crumbs("job", { fallback: "jobs" }),
         emptyState(error instanceof ApiError && error.status === 404
           ? `No job ${jobId}.` : `Could not load the job: ${error.message}`));
     } finally {

@@ -6,7 +6,7 @@ import { api, ApiError, query } from "./api.js";
 import {
   clear, dateTime, emptyState, h, jobLink, pill, tagChips, workflowLink,
 } from "./dom.js";
-import { subscribe } from "./live.js";
+import { onJobInfo, subscribe, workflowName } from "./live.js";
 import { bulkBar } from "./bulk.js";
 import { JOB_STATUSES, WORKFLOW_STATUSES } from "./states.js";
 
@@ -18,6 +18,22 @@ function stepCounts(counts) {
     .map(([status, n]) => h("span", { class: "count" }, pill(status), ` ${n}`));
 }
 
+/** A fan-out's elements, apart from the steps: "elements: 3 succeeded, 1 dead". */
+function elementCounts(counts) {
+  const entries = Object.entries(counts || {}).filter(([, n]) => n);
+  if (!entries.length) return null;
+  return h("span", { class: "element-counts" },
+    `elements: ${entries.map(([status, n]) => `${n} ${status}`).join(", ")}`);
+}
+
+/** A link to a job's workflow, by the workflow's name (filled in when it arrives). */
+function workflowCell(id) {
+  if (!id) return "";
+  const link = workflowLink(id, workflowName(id) ?? "…");
+  link.dataset.workflowName = id;
+  return link;
+}
+
 const KINDS = {
   jobs: {
     title: "Jobs", route: "#/jobs", path: "/jobs", filters: ["status", "queue", "task", "tag"],
@@ -26,8 +42,8 @@ const KINDS = {
     owns: (event) => (event.stream_type === "job" ? event.stream_id : null),
     read: (id) => api(`/jobs/${id}`),
     row: (job) => [jobLink(job.id), job.step ? `${job.step} (${job.task})` : job.task, pill(job.status),
-      job.queue, `${job.attempts} / ${job.max_retries + 1}`, tagChips(job.tags), dateTime(job.created_at),
-      job.workflow_id ? workflowLink(job.workflow_id, "workflow") : ""],
+      job.queue, `${job.counted_attempts ?? job.attempts} / ${job.max_retries + 1}`, tagChips(job.tags), dateTime(job.created_at),
+      workflowCell(job.workflow_id)],
   },
   workflows: {
     title: "Workflows", route: "#/workflows", path: "/workflows", filters: ["status", "name", "tag"],
@@ -38,10 +54,15 @@ const KINDS = {
     read: async (id) => {
       const view = await api(`/workflows/${id}`);
       const counts = {};
-      for (const step of view.steps) counts[step.status] = (counts[step.status] || 0) + 1;
-      return { ...view, step_counts: counts };
+      const elements = {};
+      for (const step of view.steps) {
+        counts[step.status] = (counts[step.status] || 0) + 1;
+        for (const [status, n] of Object.entries(step.elements?.counts || {})) elements[status] = (elements[status] || 0) + n;
+      }
+      return { ...view, step_counts: counts, element_counts: elements };
     },
-    row: (wf) => [workflowLink(wf.id), wf.name, pill(wf.status), h("span", { class: "counts" }, stepCounts(wf.step_counts)),
+    row: (wf) => [workflowLink(wf.id), wf.name, pill(wf.status),
+      h("span", { class: "counts" }, stepCounts(wf.step_counts), elementCounts(wf.element_counts)),
       tagChips(wf.tags), dateTime(wf.created_at), wf.finished_at ? dateTime(wf.finished_at) : "—"],
   },
 };
@@ -139,6 +160,13 @@ export function mountList(container, params, which) {
     }
     if (changed.size && !stopped) schedule();
   }
+  // A workflow's name looked up for the Workflow column of the jobs list.
+  const unlisten = onJobInfo((id) => {
+    for (const link of tbody.querySelectorAll(`a[data-workflow-name="${CSS.escape(id)}"]`)) {
+      const name = workflowName(id);
+      if (name) link.textContent = name;
+    }
+  });
   const unsubscribe = subscribe((event) => {
     const id = kind.owns(event);
     if (event.type === kind.created) lookForNew = true;
@@ -174,5 +202,5 @@ export function mountList(container, params, which) {
     form, which === "jobs" ? bulkBar(filters, () => reload()) : null,
     message, count, table, h("div", { class: "more" }, more)));
   load(null);
-  return () => { stopped = true; clearTimeout(scheduled); unsubscribe(); };
+  return () => { stopped = true; clearTimeout(scheduled); unsubscribe(); unlisten(); };
 }

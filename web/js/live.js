@@ -151,7 +151,10 @@ export function start() {
 // GET /jobs/{id}) carry: queue, step, task.
 
 const jobs = new Map();
-const workflowNames = new Map();
+const streamNames = new Map(); // a workflow's, schedule's, queue's, token's ... id -> its name
+const nameLookups = new Set(); // ids asked for (once each)
+const SCHEDULES_REREAD_MS = 5000;
+let schedulesReadAt = -Infinity;
 const lookups = [];
 const jobSubscribers = new Set();
 let lookupsInFlight = 0;
@@ -169,9 +172,16 @@ function learnJob(event) {
       queue: event.data.queue, step: event.data.step, task: event.data.task,
     });
   }
-  if (event.type === "WorkflowSubmitted" && event.data && event.data.name) {
-    workflowNames.set(event.stream_id, event.data.name);
-  }
+  const data = event.data || {};
+  // The events that carry their stream's name (a queue's events all carry it).
+  const name = ["WorkflowSubmitted", "ScheduleCreated", "DefinitionStored", "TokenCreated", "TokenRevoked"]
+    .includes(event.type) ? data.name : event.stream_type === "queue" ? data.queue : null;
+  if (name) rememberName(event.stream_id, name);
+}
+
+function rememberName(id, name) {
+  streamNames.set(id, name);
+  if (streamNames.size > JOB_CACHE_LIMIT) streamNames.delete(streamNames.keys().next().value);
 }
 
 /** The cached {queue, step, task} of a job; starts a lookup if unknown. */
@@ -185,7 +195,30 @@ export function jobInfo(id) {
 }
 
 export function workflowName(id) {
-  return workflowNames.get(id);
+  return streamName("workflow", id);
+}
+
+/** The name of a stream that is not a job, when known; else a lookup starts (a workflow
+ * by GET /workflows/{id}, schedules by GET /schedules) and onJobInfo(fn) hears of it. */
+export function streamName(kind, id) {
+  const known = streamNames.get(id);
+  if (known !== undefined || !id) return known;
+  if (kind === "workflow" && !nameLookups.has(id)) {
+    nameLookups.add(id);
+    named(id, api(`/workflows/${encodeURIComponent(id)}`).then((workflow) => [[id, workflow.name]]));
+  } else if (kind === "schedule" && performance.now() - schedulesReadAt > SCHEDULES_REREAD_MS) {
+    schedulesReadAt = performance.now(); // a deleted schedule is not asked for again and again
+    named(id, api("/schedules").then((body) => (body.items || []).map((item) => [item.id, item.name])));
+  }
+  return undefined;
+}
+
+function named(id, lookup) {
+  lookup.then((pairs) => {
+    for (const [streamId, name] of pairs) if (name) rememberName(streamId, name);
+  }).catch(() => {}).finally(() => {
+    for (const fn of jobSubscribers) fn(id);
+  });
 }
 
 /** fn(jobId) whenever a lookup filled in a job's info. */

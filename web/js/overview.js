@@ -1,11 +1,27 @@
 // Overview: the last 15 minutes in three charts, from GET /stats/recent (refreshed every 5 s).
 
 import { api, ApiError } from "./api.js";
-import { lineChart } from "./charts.js";
+import { lineChart, PALETTE } from "./charts.js";
 import { clear, h } from "./dom.js";
+import { COLOURS } from "./states.js";
 
 const REFRESH_MS = 5000;
-const OUTCOME_COLOURS = { succeeded: "#16a34a", failed: "#f59e0b", dead: "#dc2626", cancelled: "#64748b" };
+// Each outcome in its status's colour, as on every pill ("failed": a failed attempt).
+const OUTCOME_COLOURS = Object.fromEntries(["succeeded", "failed", "dead", "cancelled"]
+  .map((status) => [status, COLOURS[status].c]));
+// Depth is sampled only while someone asks for the stats (this page, every REFRESH_MS): two
+// samples further apart than this had nobody looking between them, and the line breaks there.
+const DEPTH_GAP_SECONDS = (2 * REFRESH_MS) / 1000 + 1;
+
+/** [t, value] points with a null between samples too far apart to join. */
+function withGaps(samples, value) {
+  const points = [];
+  samples.forEach((sample, index) => {
+    if (index && sample.t - samples[index - 1].t > DEPTH_GAP_SECONDS) points.push([sample.t, null]);
+    points.push([sample.t, value(sample)]);
+  });
+  return points;
+}
 
 function charts(stats) {
   const to = stats.now;
@@ -14,11 +30,12 @@ function charts(stats) {
     name, colour, points: stats.throughput.map((b) => [b.t + stats.bucket_seconds / 2, b[name]]),
   }));
   const queues = [...new Set(stats.depth.flatMap((sample) => Object.keys(sample.queues)))].sort();
-  const depth = queues.map((queue) => ({
-    name: queue, points: stats.depth.map((sample) => [sample.t, sample.queues[queue] ?? 0]),
+  const depth = queues.map((queue, index) => ({
+    name: queue, colour: PALETTE[index % PALETTE.length],
+    points: withGaps(stats.depth, (sample) => sample.queues[queue] ?? 0),
   }));
   const latency = ["p50", "p99"].map((name) => ({
-    name, colour: name === "p50" ? "#2563eb" : "#9333ea",
+    name, colour: name === "p50" ? PALETTE[2] : PALETTE[4],
     points: stats.latency.map((b) => [b.t + stats.bucket_seconds / 2, b[name]]),
   }));
   return [

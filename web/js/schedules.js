@@ -2,13 +2,24 @@
 // pause, resume and delete. Ticks and changes arrive as events (ScheduleFired, ...).
 
 import { api, ApiError } from "./api.js";
-import { clear, dateTime, emptyState, h, jobLink, toast, workflowLink } from "./dom.js";
+import { clear, dateTime, emptyState, formatDateTime, h, jobLink, parseTime, toast, workflowLink } from "./dom.js";
 import { pollRows } from "./polled.js";
 import { scheduleForm } from "./schedule_form.js";
 
 function target(schedule) {
   if (schedule.job) return `job ${schedule.job.task} → ${schedule.job.queue ?? "default"}`;
   return `definition ${schedule.definition}${schedule.version ? ` version ${schedule.version}` : ""}`;
+}
+
+/** A time in the schedule's own zone (the zone its cron is read in), and in the browser's
+ * when that differs: both name their zone. */
+function zonedTimes(iso, schedule) {
+  const time = parseTime(iso);
+  if (!time) return "—";
+  const own = formatDateTime(time, schedule.timezone);
+  const local = formatDateTime(time);
+  return h("span", { class: "zoned" }, dateTime(iso, { zone: schedule.timezone }),
+    own === local ? null : h("span", { class: "muted small local-time" }, `your time ${local}`));
 }
 
 function lastRun(schedule) {
@@ -40,13 +51,15 @@ export function mountSchedules(container) {
         act(schedule, request, () => rows.refresh());
       },
     }, label);
-    return h("tr", { "data-schedule": schedule.name, class: schedule.paused ? "paused" : null },
-      h("th", { scope: "row" }, schedule.name,
-        schedule.paused ? h("span", { class: "pill paused-pill" }, "paused") : null),
+    const classes = [schedule.paused ? "paused" : null, schedule.error ? "failing" : null].filter(Boolean);
+    return h("tr", { "data-schedule": schedule.name, class: classes.join(" ") || null },
+      h("th", { scope: "row", class: "schedule-name" }, h("code", null, schedule.name),
+        schedule.paused ? h("span", { class: "pill paused-pill" }, "paused") : null,
+        schedule.error ? h("div", { class: "schedule-error", role: "note" }, schedule.error) : null),
       h("td", null, h("code", null, schedule.cron), " ", h("span", { class: "muted small" }, schedule.timezone)),
       h("td", null, target(schedule)),
-      h("td", { class: "next-fire" }, schedule.next_fire_at ? dateTime(schedule.next_fire_at) : "—"),
-      h("td", null, schedule.last_tick ? dateTime(schedule.last_tick) : "—"),
+      h("td", { class: "next-fire" }, schedule.next_fire_at ? zonedTimes(schedule.next_fire_at, schedule) : "—"),
+      h("td", { class: "last-tick" }, schedule.last_tick ? zonedTimes(schedule.last_tick, schedule) : "—"),
       h("td", null, lastRun(schedule)),
       h("td", { class: "num" }, String(schedule.fired)),
       h("td", { class: "num" }, String(schedule.skipped)),

@@ -4,6 +4,7 @@ import { api, ApiError, query } from "./api.js";
 import {
   clear, dateTime, emptyState, h, jobLink, pill, tagChips, workflowLink,
 } from "./dom.js";
+import { workflowName } from "./live.js";
 
 const TAG_PATTERN = /^[^:\s]+:\S+$/;
 
@@ -27,7 +28,43 @@ function executionsOf(body) {
   return out;
 }
 
-function resultRow(item) {
+/** Rows for the results: workflows first, each with its steps grouped under it (collapsed
+ * behind a "N steps" button), then the jobs that are not steps of a listed workflow. */
+function resultRows(items) {
+  const workflows = items.filter((item) => item.kind === "workflow");
+  const listed = new Set(workflows.map((workflow) => workflow.id));
+  const stepsOf = new Map(workflows.map((workflow) => [workflow.id, []]));
+  const jobs = [];
+  for (const item of items) {
+    if (item.kind === "workflow") continue;
+    if (item.workflow_id && listed.has(item.workflow_id)) stepsOf.get(item.workflow_id).push(item);
+    else jobs.push(item);
+  }
+  const rows = [];
+  for (const workflow of workflows) {
+    const steps = stepsOf.get(workflow.id);
+    const stepRows = steps.map((step) => {
+      const row = resultRow(step);
+      row.classList.add("step-of");
+      row.dataset.parent = workflow.id;
+      row.hidden = true;
+      return row;
+    });
+    const toggle = steps.length ? h("button", {
+      class: "btn small steps-toggle", type: "button", "aria-expanded": "false",
+      onclick: (event) => {
+        const open = event.currentTarget.getAttribute("aria-expanded") !== "true";
+        event.currentTarget.setAttribute("aria-expanded", String(open));
+        event.currentTarget.textContent = `${open ? "▾" : "▸"} ${steps.length} step${steps.length === 1 ? "" : "s"}`;
+        for (const row of stepRows) row.hidden = !open;
+      },
+    }, `▸ ${steps.length} step${steps.length === 1 ? "" : "s"}`) : null;
+    rows.push(resultRow(workflow, toggle), ...stepRows);
+  }
+  return [...rows, ...jobs.map((job) => resultRow(job))];
+}
+
+function resultRow(item, toggle = null) {
   const isWorkflow = item.kind === "workflow";
   const link = isWorkflow ? workflowLink(item.id) : jobLink(item.id);
   let what = isWorkflow ? item.name : item.task;
@@ -35,14 +72,14 @@ function resultRow(item) {
   return h("tr", { class: "result", "data-kind": item.kind, "data-id": item.id },
     h("td", null, h("span", { class: `kind kind-${item.kind}` }, item.kind)),
     h("td", null, link),
-    h("td", { class: "what" }, what ?? "—"),
+    h("td", { class: "what" }, what ?? "—", toggle ? [" ", toggle] : null),
     h("td", null, pill(item.status)),
     h("td", null, isWorkflow ? "—" : (item.queue ?? "—")),
     h("td", { class: "tagcell" }, tagChips(item.tags)),
     h("td", null, dateTime(item.created_at)),
     h("td", null, isWorkflow
       ? null
-      : (item.workflow_id ? workflowLink(item.workflow_id, "workflow") : null)));
+      : (item.workflow_id ? workflowLink(item.workflow_id, workflowName(item.workflow_id) ?? "workflow") : null)));
 }
 
 export function mountSearch(container, params) {
@@ -81,14 +118,17 @@ export function mountSearch(container, params) {
         results.append(emptyState(`No job or workflow carries ${tags.join(" and ")}.`));
         return;
       }
+      const all = [...items];
       let shown = items.length;
       let next = body && body.next;
       const count = h("p", { class: "muted" });
-      const tbody = h("tbody", null, items.map(resultRow));
+      const tbody = h("tbody", null, resultRows(all));
       const more = h("button", { class: "btn", type: "button", id: "search-more" }, "Show more");
       const describe = () => {
+        const flows = all.filter((item) => item.kind === "workflow").length;
         count.textContent = `${shown}${next ? "+" : ""} execution${shown === 1 ? "" : "s"} with ${tags.join(" ")}`
-          + `${actorOf() ? ` touched by ${actorOf()}` : ""}, newest first`;
+          + ` (${flows} workflow${flows === 1 ? "" : "s"}, ${shown - flows} job${shown - flows === 1 ? "" : "s"})`
+          + `${actorOf() ? ` touched by ${actorOf()}` : ""}; workflows first, each kind newest first`;
         more.hidden = !next;
       };
       more.addEventListener("click", async () => {
@@ -97,7 +137,8 @@ export function mountSearch(container, params) {
           const page = await api(`/executions${query({ tag: tags, actor: actorOf(), cursor: next })}`);
           if (mine !== generation) return;
           const extra = executionsOf(page);
-          tbody.append(...extra.map(resultRow));
+          all.push(...extra);
+          tbody.replaceChildren(...resultRows(all)); // a later page's steps join their workflow
           shown += extra.length;
           next = page && page.next;
           describe();

@@ -58,12 +58,47 @@ const DESCRIBE = {
   WorkflowCancelled: (d) => [d.reason || "cancelled"],
   TokenCreated: (d) => [d.name ? `token “${d.name}”` : null, d.scope ? `scope ${d.scope}` : null],
   TokenRevoked: (d) => [d.name ? `token “${d.name}” revoked` : "revoked"],
+  StepReopened: (d) => [d.reason || "reopened", d.status ? `now ${d.status}` : null],
+  WorkflowResumed: (d) => [d.reason || "resumed",
+    Array.isArray(d.steps) ? `${d.steps.length} step${d.steps.length === 1 ? "" : "s"} again` : null],
+  DefinitionStored: (d) => [d.name ? `definition “${d.name}”` : null,
+    d.document && Array.isArray(d.document.steps) ? `${d.document.steps.length} steps` : null],
+  ScheduleCreated: (d) => [d.name ? `schedule “${d.name}”` : null, spec(d.spec), next(d.next_at)],
+  ScheduleUpdated: (d) => [spec(d.spec), next(d.next_at)],
+  SchedulePaused: () => ["paused"],
+  ScheduleResumed: (d) => ["resumed", next(d.next_at)],
+  ScheduleFired: (d) => [d.tick ? `tick of ${when(d.tick)}` : null,
+    d.execution_id ? `started ${d.kind || "job"} …${String(d.execution_id).slice(-8)}` : null, next(d.next_at)],
+  ScheduleSkipped: (d) => [`${d.count} missed tick${d.count === 1 ? "" : "s"} not fired (catch_up ${d.catch_up})`,
+    next(d.next_at)],
+  ScheduleDeleted: () => ["deleted"],
+  QueueConfigured: (d) => [d.rate_per_second != null
+    ? `at most ${d.rate_per_second}/s${d.burst != null ? `, burst ${d.burst}` : ""}` : "no rate limit"],
+  QueuePaused: () => ["paused: nothing is claimed"],
+  QueueResumed: () => ["resumed"],
 };
+
+function when(iso) {
+  const time = parseTime(iso);
+  return time ? time.toLocaleString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" }) : iso;
+}
+
+function next(iso) {
+  return iso ? `next ${when(iso)}` : null;
+}
+
+function spec(s) {
+  if (!s || typeof s !== "object") return null;
+  const what = s.job ? `job ${s.job.task}` : s.definition ? `definition ${s.definition}` : null;
+  return [s.cron ? `cron ${s.cron}${s.timezone ? ` ${s.timezone}` : ""}` : null, what].filter(Boolean).join(", ");
+}
 
 /** "attempt 2 · retry in 400 ms · at 14:03:22" */
 export function summarize(event) {
   const data = event.data && typeof event.data === "object" ? event.data : {};
   const describe = DESCRIBE[event.type];
-  const parts = describe ? describe(data) : [compact(data, 140)];
+  // An event type this build does not know: its fields by name, not raw JSON.
+  const parts = describe ? describe(data)
+    : Object.entries(data).map(([key, value]) => `${key} ${typeof value === "object" ? compact(value, 60) : value}`);
   return parts.filter(Boolean).join(" · ");
 }

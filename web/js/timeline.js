@@ -8,7 +8,7 @@ import { api, itemsOf } from "./api.js";
 import {
   clear, clock, codeBlock, eventBadge, h, jobLink, shortId, tagChips, workflowLink,
 } from "./dom.js";
-import { EVENT_TYPES, jobInfo, onJobInfo, subscribe, workflowName } from "./live.js";
+import { EVENT_TYPES, jobInfo, onJobInfo, streamName, subscribe, workflowName } from "./live.js";
 import { summarize } from "./summary.js";
 
 const MAX_EVENTS = 500; // kept in memory and on screen
@@ -87,22 +87,36 @@ function matches(event, filters) {
   return true;
 }
 
+// The page of each kind of stream that has one (tokens and definitions have none here).
+const STREAM_PAGES = {
+  job: (id) => `#/jobs/${encodeURIComponent(id)}`,
+  workflow: (id) => `#/workflows/${encodeURIComponent(id)}`,
+  schedule: () => "#/schedules",
+  queue: () => "#/queues",
+};
+
+/** The name a row shows for its stream: a job's task, any other stream's own name. */
+function streamLabel(event) {
+  const data = event.data || {};
+  if (event.stream_type === "job") {
+    const info = jobInfo(event.stream_id);
+    return info.task ?? data.task ?? shortId(event.stream_id);
+  }
+  return streamName(event.stream_type, event.stream_id) ?? data.name ?? data.queue ?? shortId(event.stream_id);
+}
+
 function executionCell(event) {
-  if (event.stream_type === "token") { // an API token made or revoked: no page of its own
-    return h("td", { class: "exec" },
-      h("span", { class: "kind" }, "token"), " ", (event.data && event.data.name) || shortId(event.stream_id));
-  }
-  if (event.stream_type === "workflow") {
-    const name = workflowName(event.stream_id) || (event.data && event.data.name);
-    return h("td", { class: "exec" },
-      h("span", { class: "kind" }, "workflow"), " ",
-      workflowLink(event.stream_id, name || undefined));
-  }
+  const kind = event.stream_type || "stream";
+  const page = STREAM_PAGES[kind];
+  const label = streamLabel(event);
+  const title = `${kind} ${event.stream_id}`;
+  const workflowId = kind === "workflow" ? null : event.workflow_id;
   return h("td", { class: "exec" },
-    h("span", { class: "kind" }, "job"), " ", jobLink(event.stream_id),
-    event.workflow_id
+    h("span", { class: "kind" }, kind), " ",
+    page ? h("a", { href: page(event.stream_id), class: "idlink", title }, label) : h("span", { title }, label),
+    workflowId
       ? [" ", h("span", { class: "in" }, "in"), " ",
-        workflowLink(event.workflow_id, workflowName(event.workflow_id) || shortId(event.workflow_id))]
+        workflowLink(workflowId, workflowName(workflowId) ?? shortId(workflowId))]
       : null);
 }
 
@@ -122,7 +136,8 @@ function eventRow(event) {
   const summary = summarize(event);
   return h("tr", {
     class: "ev", "data-position": event.position, "data-type": event.type,
-    "data-stream": event.stream_id, "data-job": event.stream_type === "job" ? event.stream_id : null,
+    "data-stream": event.stream_id, "data-kind": event.stream_type,
+    "data-job": event.stream_type === "job" ? event.stream_id : null, "data-workflow": event.workflow_id,
     tabindex: 0,
   },
   h("td", { class: "time" }, clock(event.occurred_at)),
@@ -304,7 +319,8 @@ export function mountTimeline(container, params) {
         renderAll();
         return;
       }
-      for (const row of tbody.querySelectorAll(`tr.ev[data-job="${CSS.escape(id)}"]`)) {
+      const which = CSS.escape(id); // a job's info, or the name of a workflow or schedule, arrived
+      for (const row of tbody.querySelectorAll(`tr.ev[data-stream="${which}"], tr.ev[data-workflow="${which}"]`)) {
         const event = events.find((e) => String(e.position) === row.dataset.position);
         if (!event) continue;
         const fresh = eventRow(event);
@@ -336,7 +352,7 @@ export function mountTimeline(container, params) {
         h("table", { class: "events" },
           h("thead", null, h("tr", null,
             h("th", { class: "time" }, "Time"), h("th", { class: "type" }, "Event"),
-            h("th", { class: "exec" }, "Job / workflow"), h("th", { class: "step" }, "Step"),
+            h("th", { class: "exec" }, "Stream"), h("th", { class: "step" }, "Step"),
             h("th", { class: "queue" }, "Queue"), h("th", { class: "tagcell" }, "Tags"),
             h("th", { class: "actor" }, "By"),
             h("th", null, "Summary"))),

@@ -6,8 +6,9 @@ import {
   RESUMABLE, STATUSES, statusClass, tagChips, toast, workflowLink, S,
 } from "./dom.js";
 import { auditStatus } from "./audit.js";
+import { crumbs } from "./crumbs.js";
 import { chooseLayout, isTriggerable, renderDag } from "./dag.js";
-import { historyList, keepOpenDetails } from "./job.js";
+import { heartbeatToggle, historyList, keepOpenDetails, visibleHistory } from "./job.js";
 import { subscribe } from "./live.js";
 import { describeCondition } from "./summary.js";
 
@@ -73,6 +74,7 @@ export function mountWorkflow(container, workflowId) {
   let panel = null;
   let header = null;
   let historyHost = null;
+  let historyHeading = null;
 
   const stepUrl = (step) => `/workflows/${encodeURIComponent(workflowId)}/steps/${encodeURIComponent(step)}`;
 
@@ -233,7 +235,11 @@ export function mountWorkflow(container, workflowId) {
           workflow.definition ? h("span", null,
             `definition ${workflow.definition.name} v${workflow.definition.version}`) : null,
           workflow.code ? h("span", { id: "workflow-code" }, `code ${workflow.code}`) : null),
-        statusCounts(steps)),
+        statusCounts(steps),
+        workflow.outcome ? h("p", {
+          id: "workflow-outcome",
+          class: `outcome${workflow.status === S.SUCCEEDED && steps.some((step) => step.status === S.DEAD) ? " handled" : ""}`,
+        }, h("strong", null, "Why: "), workflow.outcome) : null),
       h("div", { class: "actions" }, actions));
   }
 
@@ -243,19 +249,20 @@ export function mountWorkflow(container, workflowId) {
       panel = h("aside", { class: "card step-panel", id: "step-panel" });
       historyHost = h("div");
       clear(root).append(
-        h("nav", { class: "crumbs" }, h("a", { href: "#/timeline" }, "Timeline"), " / workflow"),
+        crumbs("workflow", { fallback: "workflows" }),
         header,
         h("div", { class: "wf-body" }, h("div", { class: "card dag-card", id: "dag-card" }), panel),
         legend(),
-        h("h2", null, "History ", h("span", { class: "muted small" }, "(heartbeats hidden)")),
+        historyHeading = h("h2", null, "History "),
         historyHost);
     }
+    historyHeading.replaceChildren("History ", heartbeatToggle(history, () => render(history)));
     renderHeader();
     drawDag();
     renderPanel();
     const stepByJob = new Map(steps.map((step) => [step.job_id, step.step]));
     keepOpenDetails(historyHost, () => clear(historyHost).append(historyList(
-      history.filter((event) => event.type !== "Heartbeat"),
+      visibleHistory(history),
       { stepOf: (event) => stepByJob.get(event.stream_id), label: "Workflow history" })));
   }
 
@@ -281,7 +288,7 @@ export function mountWorkflow(container, workflowId) {
       header = null;
       dag = null;
       clear(root).append(
-        h("nav", { class: "crumbs" }, h("a", { href: "#/timeline" }, "Timeline"), " / workflow"),
+        crumbs("workflow", { fallback: "workflows" }),
         emptyState(error instanceof ApiError && error.status === 404
           ? `No workflow ${workflowId}.` : `Could not load the workflow: ${error.message}`));
     } finally {
