@@ -16,7 +16,7 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, negativ
                                                response_schema_conformance, status_code_conformance)
 
 from cluster_procs import start_api
-from conftest import _create_database, _drop_database
+from tests.conftest import _create_database, _drop_database
 from qforge.api.app import create_app
 from qforge.db import with_database
 from test_worker_support import Processes

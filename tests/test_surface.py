@@ -20,7 +20,7 @@ import schemathesis
 
 import qforge
 from cluster_procs import start_api
-from conftest import _create_database, _drop_database
+from tests.conftest import _create_database, _drop_database
 from pgcluster import free_port
 from qforge.db import with_database
 from test_worker_support import TEST_TASKS, Processes, wait_for
