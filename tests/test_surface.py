@@ -410,10 +410,14 @@ def test_every_curl_example_of_the_docs_runs_against_a_live_api(surface):
     cancelled = http.post("/workflows", json={"name": "to_resume", "steps": [
         {"step": "w", "type": "wait_for_trigger"}]}).json()
     http.post(f"/workflows/{cancelled['id']}/cancel")
+    # $ID in docs/workflows-as-code.md: a workflow whose `approve` step waits for a trigger
+    waiting = http.post("/workflows", json={"name": "approval", "steps": [
+        {"step": "approve", "type": "wait_for_trigger"}]}).json()
     host = surface["base"].removeprefix("http://")
     for name, command in examples:
         command = command.replace("localhost:8090", host).replace("127.0.0.1:8090", host)
-        command = command.replace("<id>", job["id"]).replace("$WF", cancelled["id"])
+        command = (command.replace("<id>", job["id"]).replace("$WF", cancelled["id"])
+                   .replace("$ID", waiting["id"]))
         streaming = " -N " in f" {command} "
         shell = f"{command} --max-time {3 if streaming else 30} -s -o /dev/stderr -w '%{{http_code}}'"
         ran = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60)

@@ -133,7 +133,10 @@ def _owner(claim: Path) -> dict | None:
 
 
 def _claim(claim: Path, port: int, url: str) -> None:
-    claim.write_text(json.dumps({"pid": os.getpid(), "port": port, "database_url": url}))
+    """This folder's qforge dev, for a second one to find: 0600, the URL carries the owner's password."""
+    fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump({"pid": os.getpid(), "port": port, "database_url": url}, out)
 
 
 def _release(claim: Path) -> None:
@@ -161,8 +164,8 @@ def _healthy(port: int) -> bool:
 
 class Supervisor:
     def __init__(self, port: int, env: dict[str, str], queues: str = "default", tasks: str = "",
-                 suffix: str = "", monitor: bool = True):
-        self.port, self.env = port, env
+                 suffix: str = "", monitor: bool = True, database_url: str = ""):
+        self.port, self.env, self.database_url = port, env, database_url
         self.queues = queues
         self.children = children(port, queues, tasks, suffix, monitor)
         self.stopping = threading.Event()
@@ -183,7 +186,7 @@ class Supervisor:
             if not announced and _healthy(self.port):
                 announced = True
                 _say(f"ready: dashboard and API on http://127.0.0.1:{self.port}, workers on queues "
-                     f"{self.queues}, database {self.env['QFORGE_DATABASE_URL']} (Ctrl-C stops)")
+                     f"{self.queues}, database {self.database_url} (Ctrl-C stops)")
         self.stop_all()
 
     def _watch(self, child: Child, now: float) -> None:
@@ -242,7 +245,10 @@ def print_database_url(url: str | None, data_dir: str) -> int:
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     embedded = EmbeddedPostgres()
     try:
-        print(embedded.start(pgdata, cleanup_mode="stop"))
+        server_url = embedded.start(pgdata, cleanup_mode="stop")
+        credentials = embedded_credentials(pgdata.parent, pgdata.resolve(), server_url)
+        # The schema owner's login (the server asks for passwords): the application's, in dev.
+        print(with_credentials(server_url, EMBEDDED_SUPERUSER, credentials["owner"]))
     except (EmbeddedPostgresError, OSError) as exc:
         print(f"qforge dev: {exc}", file=sys.stderr)
         return 1
@@ -282,6 +288,10 @@ def run(args: argparse.Namespace) -> int:
     embedded: EmbeddedPostgres | None = None
     role_urls: dict[str, str] = {}
     try:
+        if owner is not None and not (args.database_url or settings.database_url):
+            credentials = embedded_credentials(data_dir, (data_dir / "pgdata").resolve(), url)
+            role_urls = {ROLE_URL_SETTINGS[kind]: with_credentials(url, role_name(settings.role_prefix, kind),
+                                                                   credentials[kind]) for kind in ROLE_KINDS}
         if not url:
             pgdata = data_dir / "pgdata"
             pgdata.parent.mkdir(parents=True, exist_ok=True)
@@ -296,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
         with connect(url, autocommit=True) as conn:
             for name in migrate(conn):
                 _say(f"applied {name}")
-        set_role_passwords(url, role_logins(settings, url) if not embedded else
+        set_role_passwords(url, role_logins(settings, url) if not (embedded or role_urls) else
                            {role_name(settings.role_prefix, kind): credentials[kind] for kind in ROLE_KINDS})
     except (EmbeddedPostgresError, SchemaError, psycopg.Error, OSError) as exc:
         print(f"qforge dev: {exc}", file=sys.stderr)
@@ -315,7 +325,8 @@ def run(args: argparse.Namespace) -> int:
     # The demo's http steps call services on this machine: allow loopback here
     # only (issue 19: an http step refuses non-public addresses by default).
     env.setdefault("QFORGE_HTTP_ALLOW", "127.0.0.0/8,::1,localhost")
-    supervisor = Supervisor(port, env, queues, getattr(args, "tasks", "") or "", suffix, monitor=owner is None)
+    supervisor = Supervisor(port, env, queues, getattr(args, "tasks", "") or "", suffix, monitor=owner is None,
+                            database_url=url)
     previous = {sig: signal.signal(sig, supervisor.request_stop)
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     if owner is None:
