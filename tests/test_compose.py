@@ -32,7 +32,13 @@ def test_compose_file_is_valid_and_runs_every_role_from_one_image():
     for name, spec in roles.items():
         command = spec["command"]
         assert command[0] == "qforge" and command[1] in ("migrate", "api", "monitor", "worker"), name
-        assert spec["environment"]["QFORGE_DATABASE_URL"].startswith("postgresql://"), name
+        # Each process on its own role (issue 30): only migrate has the schema owner's URL.
+        environment = spec["environment"]
+        own = {"migrate": "QFORGE_DATABASE_URL", "api": "QFORGE_API_DATABASE_URL",
+               "monitor": "QFORGE_MONITOR_DATABASE_URL", "worker": "QFORGE_WORKER_DATABASE_URL"}[command[1]]
+        assert environment[own].startswith("postgresql://"), name
+        if command[1] != "migrate":
+            assert "QFORGE_DATABASE_URL" not in environment, name
     assert services["api"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
 
 
