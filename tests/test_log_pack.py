@@ -28,7 +28,10 @@ from qforge.commands.enqueue import JobSpec, enqueue
 from qforge.commands.pack import STEPS, pack
 from qforge.commands.report import Report, complete
 from qforge.db import connect
-from qforge.events import audit, audit_proof, audit_verify, segments, store
+from qforge.events import segments, store
+from qforge.audit import checkpoints as audit
+from qforge.audit import proofs as audit_proof
+from qforge.audit import verify as audit_verify
 from qforge.events.archive_check import verify_archive
 from qforge.events.states import JOB_READY_EVENTS
 from qforge.projections import asof

@@ -29,7 +29,8 @@ from qforge.commands.pack import pack
 from qforge.commands.schedules import fire_due, next_due
 from qforge.commands.subflows import finish_parents
 from qforge.commands.workflows import fire_deadlines, fire_timers
-from qforge.events import audit, witness
+from qforge.audit import checkpoints as audit
+from qforge.audit import witness
 from qforge.projections import serving
 from qforge.projections.stats import queue_stats
 from qforge.settings import Settings, get_settings
