@@ -13,7 +13,7 @@ from qforge.api import redact
 from qforge.api.errors import ApiError
 from qforge.api.models import ErrorBody
 from qforge.audit import proofs as audit_proof
-from qforge.projections import archived
+from qforge.log import archived
 from qforge.projections.pages import parse_tags
 
 ERRORS: dict[int | str, dict[str, Any]] = {
