@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
-from qforge.events import audit, audit_verify  # noqa: E402
+from qforge.audit import checkpoints as audit  # noqa: E402
+from qforge.audit import verify as audit_verify  # noqa: E402
 from qforge.migrate import migrate  # noqa: E402
 from common import load_queries, recreate, with_database  # noqa: E402
 from side_by_side import Run, measure_side_by_side  # noqa: E402

@@ -11,7 +11,7 @@ database: from its start). Then, on the large one: the drain rate while
 `qforge archive` runs against the rate without it, archive throughput, and
 bytes per event in the database and in the archive.
 
-With --pack, copies of the history with their log packed (qforge.commands.pack)
+With --pack, copies of the history with their log packed (qforge.log.pack)
 are measured beside the two, in the same turns: `closed` packs every closed
 partition and leaves the one being written live, as a deployment's log looks
 (--partition-size sets how much that is); `all` closes it first and packs
@@ -432,10 +432,10 @@ def run_scale(admin_url: str, *, events: int, repeat: int, claim_jobs: int, log_
 
 def packed_copy(admin_url: str, template: str, name: str, *, close_current: bool, log=print
                 ) -> tuple[str, dict[str, Any]]:
-    """A copy of the history with its log packed by qforge.commands.pack (every closed partition,
+    """A copy of the history with its log packed by qforge.log.pack (every closed partition,
     and with close_current the one being written too); its URL and what packing did: events,
     seconds, events/s, and bytes per event of the log before and after."""
-    from qforge.commands.pack import pack
+    from qforge.log.pack import pack
 
     url = recreate(admin_url, name, template, file_copy=True)
     with psycopg.connect(url, autocommit=True) as conn:

@@ -12,7 +12,8 @@ import httpx
 import psycopg
 import pytest
 
-from qforge.events import audit, audit_proof
+from qforge.audit import checkpoints as audit
+from qforge.audit import proofs as audit_proof
 from qforge.tools.verify_audit_proof import check_proof
 from test_auth import serve
 from test_worker_support import wait_for

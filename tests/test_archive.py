@@ -18,14 +18,15 @@ import pytest
 from factories import count
 from qforge.api.app import create_app
 from qforge.cli import main as cli
-from qforge.commands import archive as archive_module
+from qforge.log import archive as archive_module
+from qforge.log import common as log_common
 from qforge.commands import workflows as wf
-from qforge.commands.archive import STEPS, archive
+from qforge.log.archive import STEPS, archive
 from qforge.commands.claim import claim
 from qforge.commands.enqueue import JobSpec, enqueue
 from qforge.commands.report import Report, complete, fail
-from qforge.events import segments
-from qforge.events.archive_check import verify_archive
+from qforge.log import segments
+from qforge.log.archive_check import verify_archive
 from qforge.projections.replay import ReplayError, replay, verify
 from qforge.settings import Settings
 from qforge.api.server import BackgroundServer
@@ -246,9 +247,9 @@ class FakeClock:
 
 def test_the_pace_rests_longer_while_the_log_grows_at_a_busy_queues_rate(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(archive_module, "time", clock)
+    monkeypatch.setattr(log_common, "time", clock)
     position = [1_000]
-    pace = archive_module.Pace(0.5, 0.1, lambda: position[0])
+    pace = log_common.Pace(0.5, 0.1, lambda: position[0])
     clock.now += 1.0  # a piece of work of 1 s, the log quiet: rests 1 s (duty 0.5)
     pace.rest()
     clock.now += 1.0  # 1 s of work while 500 events were appended over 2 s: busy, rests 9 s
@@ -264,13 +265,13 @@ def test_the_pace_rests_longer_while_the_log_grows_at_a_busy_queues_rate(monkeyp
     assert clock.slept == [1.0, 9.0, 0.3, 0.3, 9.0]
     assert (pace.rests, pace.busy_rests, pace.rested) == (5, 2, pytest.approx(19.6))
     # A busy share above the quiet one is the quiet one; without a probe, never busy.
-    assert archive_module.Pace(0.2, 0.5, lambda: 0).busy_duty == 0.2
-    quiet = archive_module.Pace(0.5, 0.1)
+    assert log_common.Pace(0.2, 0.5, lambda: 0).busy_duty == 0.2
+    quiet = log_common.Pace(0.5, 0.1)
     clock.now += 1.0
     quiet.rest()
     assert clock.slept[-1] == 1.0 and quiet.busy_rests == 0
     with pytest.raises(ValueError, match="busy duty is a share of the time"):
-        archive_module.Pace(0.5, 0)
+        log_common.Pace(0.5, 0)
 
 
 def test_an_archive_beside_a_busy_queue_works_at_the_busy_duty(conn, scratch_dir, monkeypatch, capsys):
@@ -278,8 +279,8 @@ def test_an_archive_beside_a_busy_queue_works_at_the_busy_duty(conn, scratch_dir
     events_before = count(conn, "SELECT count(*) FROM events")
     # Any growth, even none, counts as busy here, looked at on every rest: each must
     # read the log's position between the archive's statements, and rest at the busy share.
-    monkeypatch.setattr(archive_module, "BUSY_EVENTS_PER_S", 0.0)
-    monkeypatch.setattr(archive_module, "LOOK_SECONDS", 0.0)
+    monkeypatch.setattr(log_common, "BUSY_EVENTS_PER_S", 0.0)
+    monkeypatch.setattr(log_common, "LOOK_SECONDS", 0.0)
     done = archive(conn, scratch_dir, close_current=True, duty=1, busy_duty=0.5)
     assert done.events == events_before and done.rests > 0 and done.busy_rests == done.rests
     assert 0 < done.rested < done.seconds

@@ -15,7 +15,7 @@ from qforge.commands import workflows as wf
 from qforge.commands.claim import claim
 from qforge.commands.report import Report, complete
 from qforge.db import connect
-from qforge.events import audit
+from qforge.audit import checkpoints as audit
 from qforge.settings import Settings
 from qforge.tools import verify_audit_proof as tool
 from qforge.workers.monitor import Monitor
@@ -330,7 +330,7 @@ def test_verify_names_checkpoints_rewritten_or_removed(conn, db_url, capsys):
 
 
 def test_verify_reports_progress_through_its_passes_up_to_the_total(conn):
-    from qforge.events.audit_verify import verify
+    from qforge.audit.verify import verify
 
     for _ in range(9):
         make_job(conn)

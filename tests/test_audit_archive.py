@@ -8,8 +8,8 @@ import json
 import re
 
 from qforge.commands import workflows as wf
-from qforge.commands.archive import archive
-from qforge.events import audit
+from qforge.log.archive import archive
+from qforge.audit import checkpoints as audit
 from test_archive import run_all, workload
 from test_audit import run_cli, tamper
 from test_audit_proof import check_alone

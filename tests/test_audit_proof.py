@@ -12,7 +12,7 @@ import pytest
 
 from qforge.api.app import create_app
 from qforge.api.server import BackgroundServer
-from qforge.events import audit
+from qforge.audit import checkpoints as audit
 from tests.factories import make_job
 from tests.test_audit import run_cli, tamper, workload
 

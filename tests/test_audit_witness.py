@@ -13,7 +13,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from psycopg.rows import dict_row
 
-from qforge.events import audit, witness
+from qforge.audit import checkpoints as audit
+from qforge.audit import witness
 from test_audit import rechain, tamper
 from test_worker_support import QFORGE, Processes, procs, tasks_dir, wait_for  # noqa: F401  (fixtures)
 from tests.factories import make_job

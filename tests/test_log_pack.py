@@ -20,16 +20,20 @@ from factories import count
 from qforge.api.app import create_app
 from qforge.api.server import BackgroundServer
 from qforge.cli import main as cli
-from qforge.commands import pack as pack_module
+from qforge.log import pack as pack_module
 from qforge.commands import workflows as wf
-from qforge.commands.archive import archive
+from qforge.log.archive import archive
 from qforge.commands.claim import claim
 from qforge.commands.enqueue import JobSpec, enqueue
-from qforge.commands.pack import STEPS, pack
+from qforge.log.pack import STEPS, pack
 from qforge.commands.report import Report, complete
 from qforge.db import connect
-from qforge.events import audit, audit_proof, audit_verify, segments, store
-from qforge.events.archive_check import verify_archive
+from qforge.events import store
+from qforge.log import segments
+from qforge.audit import checkpoints as audit
+from qforge.audit import proofs as audit_proof
+from qforge.audit import verify as audit_verify
+from qforge.log.archive_check import verify_archive
 from qforge.events.states import JOB_READY_EVENTS
 from qforge.projections import asof
 from qforge.projections.replay import rebuild, replay, swap, verify
@@ -321,7 +325,7 @@ def killed_pack(db_url: str, step: str) -> None:
     assert killed.returncode == -9, killed.stdout + killed.stderr
 
 
-PACK_SCRIPT = ("import sys\nfrom qforge.commands.pack import pack\nfrom qforge.db import connect\n"
+PACK_SCRIPT = ("import sys\nfrom qforge.log.pack import pack\nfrom qforge.db import connect\n"
                "with connect(sys.argv[1], autocommit=True) as conn:\n"
                "    pack(conn, close_current=True, duty=1)\n")
 

@@ -18,7 +18,7 @@ import pytest
 from qforge.api.app import create_app
 from qforge.api.server import BackgroundServer
 from qforge.commands import tokens
-from qforge.events import audit
+from qforge.audit import checkpoints as audit
 from qforge.settings import Settings
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "verify_audit_proof.py"

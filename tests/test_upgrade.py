@@ -33,9 +33,10 @@ from qforge.commands.report import Report, complete
 from qforge.commands.specs import JobSpec
 from qforge.commands.workflows import trigger
 from qforge.db import connect, with_credentials, with_database
-from qforge.commands.archive import archive
-from qforge.events import audit, audit_verify
-from qforge.events.archive_check import verify_archive
+from qforge.log.archive import archive
+from qforge.audit import checkpoints as audit
+from qforge.audit import verify as audit_verify
+from qforge.log.archive_check import verify_archive
 from qforge.events.states import JOB_FINISHED, WORKFLOW_FINISHED
 from qforge.migrate import migrate, status
 from qforge.projections import replay

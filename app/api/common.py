@@ -12,8 +12,8 @@ from fastapi import Query, Request
 from qforge.api import redact
 from qforge.api.errors import ApiError
 from qforge.api.models import ErrorBody
-from qforge.events import audit_proof
-from qforge.projections import archived
+from qforge.audit import proofs as audit_proof
+from qforge.log import archived
 from qforge.projections.pages import parse_tags
 
 ERRORS: dict[int | str, dict[str, Any]] = {

@@ -10,9 +10,9 @@ import psycopg
 
 from qforge.cli.common import batch_job_url, complain, database_url
 from qforge.cli.progress import Progress
-from qforge.commands.archive import ArchiveError, archive
+from qforge.log.archive import ArchiveError, archive
 from qforge.db import connect
-from qforge.events.archive_check import verify_archive
+from qforge.log.archive_check import verify_archive
 from qforge.settings import get_settings
 
 def run(args: argparse.Namespace) -> int:

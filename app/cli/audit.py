@@ -12,9 +12,11 @@ import psycopg
 
 from qforge.cli.common import complain
 from qforge.db import EmbeddedPostgresError, connect, resolve_database_url
-from qforge.events import audit, audit_proof, witness
+from qforge.audit import checkpoints as audit
+from qforge.audit import proofs as audit_proof
+from qforge.audit import witness
 from qforge.cli.progress import Progress
-from qforge.events.audit_verify import AnchorError, read_anchor, verify
+from qforge.audit.verify import AnchorError, read_anchor, verify
 from qforge.settings import get_settings
 
 

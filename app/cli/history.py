@@ -19,9 +19,10 @@ import psycopg
 
 from qforge.cli.common import complain, database_url
 from qforge.db import connect
-from qforge.events import segments, store
+from qforge.events import store
+from qforge.log import segments
 from qforge.events.types import Event, expand
-from qforge.projections.archived import segments_holding
+from qforge.log.archived import segments_holding
 
 
 def archived_events(directory: Path, execution: UUID) -> list[Event]:

@@ -8,7 +8,7 @@ import psycopg
 
 from qforge.cli.common import batch_job_url, complain
 from qforge.cli.progress import Progress
-from qforge.commands.pack import PackError, pack
+from qforge.log.pack import PackError, pack
 from qforge.db import connect
 
 

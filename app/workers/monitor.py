@@ -5,7 +5,7 @@ Any number of monitors may run: the others retry the lock every tick, and when
 the leader dies its connection closes, the lock frees and one of them takes
 over. The leader does its work on that same connection, so if the connection
 breaks it stops acting at once (its lock is gone too) and competes again.
-Archiving and packing closed partitions of the log (qforge.commands.archive,
+Archiving and packing closed partitions of the log (qforge.log.archive,
 .pack) take minutes for a big partition: the leader runs them on a thread and a
 connection of its own (LogKeeper), so the tick's duties never wait for them.
 """
@@ -24,12 +24,13 @@ from psycopg.rows import tuple_row
 
 from qforge.commands import workers
 from qforge.commands.manage import recover_stale
-from qforge.commands.archive import archive
-from qforge.commands.pack import pack
+from qforge.log.archive import archive
+from qforge.log.pack import pack
 from qforge.commands.schedules import fire_due, next_due
 from qforge.commands.subflows import finish_parents
 from qforge.commands.workflows import fire_deadlines, fire_timers
-from qforge.events import audit, witness
+from qforge.audit import checkpoints as audit
+from qforge.audit import witness
 from qforge.projections import serving
 from qforge.projections.stats import queue_stats
 from qforge.settings import Settings, get_settings

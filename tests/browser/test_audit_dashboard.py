@@ -7,7 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 from qforge.db import connect
-from qforge.events import audit
+from qforge.audit import checkpoints as audit
 from browser_stack import CHROMIUM, Dashboard, wait_for
 
 pytestmark = pytest.mark.skipif(

@@ -15,7 +15,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from qforge.events import segments
+from qforge.log import segments
 from qforge.events.states import JOB_FINISHED, WORKFLOW_FINISHED
 from qforge.projections.replay.common import ReplayError, template
 from qforge.sql import q

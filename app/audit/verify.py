@@ -26,7 +26,8 @@ from uuid import UUID
 
 from psycopg.rows import dict_row
 
-from qforge.events import audit, segments
+from qforge.log import segments
+from qforge.audit import checkpoints as audit
 from qforge.sql import q
 from qforge.tools import verify_audit_proof as tool
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from psycopg.rows import dict_row
 
-from qforge.events import segments
+from qforge.log import segments
 from qforge.sql import q
 
 LOG_START = 1  # the first position of the log (its sequence starts there)

@@ -3,7 +3,7 @@
 For each closed partition, oldest first (the archived part of the log is a
 prefix of its positions):
 
-1. write the segment file (app/events/segments.py): synced, renamed into place;
+1. write the segment file (app/log/segments.py): synced, renamed into place;
 2. read it back and check it against what the database counts (events, first
    and last position, a digest of every position with its hash) and recompute
    the hash of every event whose predecessor is known;
@@ -31,7 +31,6 @@ is released again, whole, before its partition goes).
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
 from dataclasses import dataclass, field
@@ -41,17 +40,14 @@ from typing import Any, Callable, Iterator
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from qforge.events import segments
 from qforge.events.states import JOB_FINISHED, WORKFLOW_FINISHED
+from qforge.log import segments
+from qforge.log.common import LET_GO_LOCK, ArchiveError, Pace, paced, partition_identifier, settled_horizon
 from qforge.sql import q
 
-PARTITION_NAME = re.compile(r"^events_[0-9]{19}$")
-# Held by qforge archive and qforge pack (app/commands/pack.py) while they take
-# partitions out of the live log: one at a time.
-LET_GO_LOCK = 0x5146_6F72_6765_0010  # ("QForge" + 16, as the other lock keys)
 # Fault injection for the tests of crashes: QFORGE_ARCHIVE_FAULT=<step> kills
 # this process with SIGKILL when the step is reached (see STEPS).
 FAULT_ENV = "QFORGE_ARCHIVE_FAULT"
@@ -72,78 +68,6 @@ DUTY_ENV = "QFORGE_ARCHIVE_DUTY"
 # archive at 0.5 and 0.95x beside one at 0.1 (bench/qf_scale.py --only-drain).
 BUSY_DUTY = 0.1
 BUSY_DUTY_ENV = "QFORGE_ARCHIVE_BUSY_DUTY"
-# Busy: the log grew by at least this many events a second (a queue running
-# about 30 jobs/s or more; the archive itself appends nothing), over at least
-# LOOK_SECONDS: appends come in batches, so a shorter look would flicker.
-BUSY_EVENTS_PER_S = 100.0
-LOOK_SECONDS = 1.0
-
-
-class Pace:
-    """Rests after each piece of work so that work takes at most a share of the time:
-    a piece that took t seconds is followed by t * (1 - share) / share of sleep. The
-    share is `duty` while the queue is quiet and `busy_duty` while it is busy: while
-    the log, read by `log_position()` at a rest once LOOK_SECONDS have passed since
-    the last look, grew by BUSY_EVENTS_PER_S or more in between."""
-
-    def __init__(self, duty: float, busy_duty: float | None = None,
-                 log_position: Callable[[], int] | None = None):
-        for name, share in (("duty", duty), ("busy duty", busy_duty)):
-            if share is not None and not 0 < share <= 1:
-                raise ValueError(f"the archive's {name} is a share of the time, in (0, 1]; not {share}")
-        self.duty = duty
-        self.busy_duty = duty if busy_duty is None else min(busy_duty, duty)
-        self.log_position = log_position
-        self.since = time.monotonic()
-        self.rested = 0.0
-        self.busy_rests = self.rests = 0
-        self.is_busy = False
-        self.seen: tuple[float, int] | None = None
-        self.progress: Callable[[int, int | None], None] | None = None  # (positions done, of how many)
-        self.done = 0
-        self.total: int | None = None
-        self.look()
-
-    def moved(self, positions: int) -> None:
-        """Work went `positions` further (what a progress display counts)."""
-        self.done += positions
-        if self.progress is not None and positions:
-            self.progress(self.done, self.total)
-
-    def look(self) -> None:
-        """Take the log's position as the baseline of the next look (again after the
-        archive moved it itself: closing the current partition skips positions)."""
-        if self.log_position is not None and self.busy_duty < self.duty:
-            self.seen = (time.monotonic(), self.log_position())
-
-    def busy(self) -> bool:
-        """Whether the log grew at a busy queue's rate over the last look (kept until the next)."""
-        if self.seen is not None:
-            (then, before), now = self.seen, time.monotonic()
-            if now - then >= LOOK_SECONDS:
-                position = self.log_position()
-                self.is_busy = (position - before) / (now - then) >= BUSY_EVENTS_PER_S
-                self.seen = (now, position)
-        return self.is_busy
-
-    def rest(self) -> None:
-        worked = time.monotonic() - self.since
-        busy = self.busy()
-        share = self.busy_duty if busy else self.duty
-        self.rests += 1
-        self.busy_rests += busy
-        if share < 1 and worked > 0:
-            pause = worked * (1 - share) / share
-            time.sleep(pause)
-            self.rested += pause
-        self.since = time.monotonic()
-
-
-def paced(conn, duty: float, busy_duty: float | None) -> Pace:
-    """A Pace that tells a busy queue by how far the log on `conn` has come (qforge archive,
-    qforge pack)."""
-    return Pace(duty, busy_duty,
-                lambda: conn.cursor(row_factory=tuple_row).execute(q("archive_log_position")).fetchone()[0])
 
 
 def _share(env: str, default: float) -> float:
@@ -160,10 +84,6 @@ def default_duty() -> float:
 
 def default_busy_duty() -> float:
     return _share(BUSY_DUTY_ENV, BUSY_DUTY)
-
-
-class ArchiveError(Exception):
-    """An archive that cannot go on safely (a segment that does not read back as written)."""
 
 
 @dataclass
@@ -235,7 +155,7 @@ def _archive(conn, cur, directory: Path, older_than: timedelta | None, close_cur
         cur.execute(q("archive_close_current"))
         say(f"closed the current partition: new appends start at position {cur.fetchone()['boundary']}")
         pace.look()
-    horizon = _settled_horizon(conn, cur)
+    horizon = settled_horizon(conn, cur)
     # A run that stopped after recording a segment: finish letting its partition go.
     cur.execute(q("archive_segments_recorded"))
     for row in cur.fetchall():
@@ -271,31 +191,15 @@ def _archive(conn, cur, directory: Path, older_than: timedelta | None, close_cur
         done.segments.append(manifest)
 
 
-def _identifier(partition: str) -> sql.Identifier:
-    name = partition.split(".")[-1].strip('"')
-    if not PARTITION_NAME.match(name):
-        raise ArchiveError(f"{partition} is not a partition of the log")
-    return sql.Identifier(name)
-
-
 def _source(part: dict[str, Any], window: bool = False) -> sql.Composable:
     """What to read a partition's events from: the live partition's table, or for a packed
     one its range of the log (log_range; with window, only the positions [%(from)s, %(to)s)
     that the query is given, so that a window unpacks only its own blocks)."""
     if not part.get("packed"):
-        return _identifier(part["partition"])
+        return partition_identifier(part["partition"])
     if window:
         return sql.SQL("log_range(%(from)s, %(to)s)")
     return sql.SQL("log_range({}, {})").format(sql.Literal(part["lower"]), sql.Literal(part["upper"]))
-
-
-def _settled_horizon(conn, cur) -> int:
-    """The position below which every append has committed or rolled back: a partition
-    wholly below it gets no more events."""
-    with conn.transaction():
-        cur.execute(q("archive_settle_lock"))
-        cur.execute(q("archive_settled_position"))
-        return cur.fetchone()["horizon"]
 
 
 def _write_and_check(cur, directory: Path, part: dict[str, Any], pace: Pace, say: Report) -> dict[str, Any]:

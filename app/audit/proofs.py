@@ -17,7 +17,8 @@ from uuid import UUID
 
 from psycopg.rows import dict_row
 
-from qforge.events import audit, segments
+from qforge.log import segments
+from qforge.audit import checkpoints as audit
 from qforge.sql import q
 from qforge.tools.verify_audit_proof import PG_EPOCH, check_proof
 

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from qforge.events import audit
+from qforge.audit import checkpoints as audit
 
 FILE = re.compile(r"^head-(\d{12})-([0-9a-f]{16})\.json$")
 

@@ -38,7 +38,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from qforge.commands.archive import LET_GO_LOCK, Pace, _identifier, _settled_horizon, paced
+from qforge.log.common import LET_GO_LOCK, Pace, paced, partition_identifier, settled_horizon
 from qforge.sql import q
 
 FILL_BLOCKS = 500  # blocks (of log_pack_block() positions) packed per transaction
@@ -103,7 +103,7 @@ def pack(conn, *, close_current: bool = False, duty: float = 1.0, busy_duty: flo
             if close_current:
                 cur.execute(q("archive_close_current"))
                 say(f"closed the current partition: new appends start at position {cur.fetchone()['boundary']}")
-            horizon = _settled_horizon(conn, cur)
+            horizon = settled_horizon(conn, cur)
             cur.execute(q("pack_candidates"), {"horizon": horizon, "keep": keep})
             candidates = cur.fetchall()[:limit]
             pace.total = sum(part["upper"] - part["lower"] for part in candidates)
@@ -130,7 +130,7 @@ def _pack_partition(conn, cur, lower: int, upper: int, pace: Pace, done: Packed,
     filled_to, block = begun["filled_to"], begun["block"]
     window = block * FILL_BLOCKS
     _fault("begun")
-    partition = _identifier(f"events_{lower:019d}")
+    partition = partition_identifier(f"events_{lower:019d}")
     cur.execute(sql.SQL(q("pack_partition_extent")).format(partition=partition))
     extent = cur.fetchone()
     last = extent["last_position"] if extent["last_position"] is not None else lower - 1

@@ -1,0 +1,1 @@
+"""The log room: partitions' lifecycle (archive, pack), segment files, archived reads and their checks."""
