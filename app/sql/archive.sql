@@ -1,5 +1,5 @@
 -- qforge archive: partitions of the log written out as segments, verified,
--- recorded, then detached and dropped (app/commands/archive.py).
+-- recorded, then detached and dropped (app/log/archive.py).
 
 -- name: archive_close_current
 SELECT log_close_current() AS boundary
@@ -49,7 +49,7 @@ SELECT max(occurred_at) AS last_occurred_at FROM {partition}
 
 -- name: archive_partition_lines
 -- A partition's events in position order, each as the JSON line of its
--- segment (app/events/segments.py), built here rather than in Python: data and
+-- segment (app/log/segments.py), built here rather than in Python: data and
 -- tags as the exact jsonb text the hash covers, occurred_us as the canonical
 -- encoding holds it (microseconds since 2000-01-01 UTC). The field order is
 -- the format's (LINE_HEAD and LINE_TAIL match it). In COPY's text format the

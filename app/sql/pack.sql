@@ -1,5 +1,5 @@
 -- qforge pack: closed partitions of the log packed into compressed blocks in
--- the database (app/commands/pack.py; the functions are log_pack_* in
+-- the database (app/log/pack.py; the functions are log_pack_* in
 -- migrations/definitions/52_log_pack.sql).
 
 -- name: pack_candidates
