@@ -27,7 +27,7 @@ from qforge.commands.claim import claim
 from qforge.commands.enqueue import JobSpec, enqueue
 from qforge.log.pack import STEPS, pack
 from qforge.commands.report import Report, complete
-from qforge.db import connect
+from qforge.db import connect, with_database
 from qforge.events import store
 from qforge.log import segments
 from qforge.audit import checkpoints as audit
@@ -507,7 +507,7 @@ def test_a_packed_log_archives_as_the_same_log_unpacked_would(db_url, server_url
         admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(twin), sql.Identifier(name)))
     try:
         results = {}
-        for url, packs in ((db_url, True), (db_url.replace(f"/{name}?", f"/{twin}?"), False)):
+        for url, packs in ((db_url, True), (with_database(db_url, twin), False)):
             with connect(url, autocommit=True, row_factory=dict_row) as conn:
                 assert conn.info.dbname == (name if packs else twin)
                 if packs:  # the first partition packed, the next one live: both sources in one archive
