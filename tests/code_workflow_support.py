@@ -137,6 +137,11 @@ CODE_TASKS = textwrap.dedent('''
         return {"new": new}
 
 
+    @qforge.workflow("cw_many")
+    def many(ctx, inp):
+        return ctx.gather(*[ctx.start("echo", {"i": i}) for i in range(inp["n"])])
+
+
     @qforge.workflow("cw_async")
     async def in_async(ctx, inp):
         first = await ctx.run("add", {"a": inp["a"], "b": 1})

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import httpx
 
+import qforge
+from cluster_procs import start_api
+
 from code_workflow_support import code_env  # noqa: F401  (a fixture)
 from test_code_workflows import TASKS, api, finished, start_then_redeploy, workflow  # noqa: F401  (api: a fixture)
 from test_worker_support import Processes, procs, tasks_dir, wait_for  # noqa: F401
@@ -51,3 +54,20 @@ def test_version_keeps_a_running_workflow_on_its_branch_after_a_redeploy(conn, p
     assert (new["status"], new["result"]) == ("succeeded", {"new": True})
     assert [s["step"] for s in old["steps"]] == ["one", "go"]
     assert [s["step"] for s in new["steps"]] == ["audit", "one", "go"]
+
+
+def test_steps_a_function_starts_count_toward_max_workflow_jobs(conn, procs: Processes, code_env, tasks_dir):
+    """A loop in the function cannot write more jobs than QFORGE_MAX_WORKFLOW_JOBS: the run that asks
+    for too many steps fails the workflow (reason too_many_jobs) before any of them is written."""
+    env = {**code_env["env"], "QFORGE_MAX_WORKFLOW_JOBS": "6"}
+    _, base = start_api(procs, env)
+    procs.worker(*TASKS, env=env)
+    with qforge.Client(base) as client:
+        within = client.start("cw_many", {"n": 3})  # its first run and 3 steps, then a second run: 5 jobs
+        over = client.start("cw_many", {"n": 10})  # its first run and 10 steps: 11 jobs
+        view = wait_for(lambda: finished(client, within.id), timeout=60, message="the workflow within the cap")
+        assert view["status"] == "succeeded" and len(view["result"]) == 3, view
+        view = wait_for(lambda: finished(client, over.id), timeout=60, message="the workflow over the cap")
+        assert view["status"] == "failed" and "QFORGE_MAX_WORKFLOW_JOBS (6)" in view["error"], view
+        assert client.workflow_events(over.id)[-1].data.reason == "too_many_jobs"
+        assert view["steps"] == []  # none of the ten was written

@@ -30,6 +30,7 @@ from qforge.events.ids import new_id
 from qforge.events.states import (CANCELLED, DEAD, JOB_ACTIVE, JOB_FINISHED, PENDING, RUNNING, SKIPPED, SUCCEEDED,
                                   WAITING)
 from qforge.events.types import NewEvent
+from qforge.settings import get_settings
 from qforge.sql import q
 from qforge.workflows import journal
 from qforge.workflows.replay import STEP_OPS
@@ -139,6 +140,10 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
     # order is run_at), so each workflow's step-to-step latency is not the whole backlog's.
     due = workflow["created_at"]
     rows_in = [job_row(new_id(), step_event(op, clock, due), workflow["tags"], workflow["id"]) for op in new]
+    if rows_in and (problem := over_budget(cur, workflow["id"], len(rows_in))):
+        _end(conn, workflow, rows, {"status": "failed", "reason": "too_many_jobs", "error": problem},
+             now=now, actor=actor)
+        return True
     if rows_in:
         cur.execute(q("job_enqueue"), {"jobs": json.dumps(rows_in), "actor": actor, "now": now})
     finished = {name for name, row in steps.items() if row["status"] in JOB_FINISHED}
@@ -150,6 +155,19 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
         row = activation_row(workflow["id"], len(runs) + 1, last["queue"], workflow["tags"], due)
         cur.execute(q("job_enqueue"), {"jobs": json.dumps([row]), "actor": actor, "now": now})
     return False
+
+
+def over_budget(cur, workflow_id: uuid.UUID, adding: int) -> str | None:
+    """Why the steps a run asks for would take its workflow's tree over QFORGE_MAX_WORKFLOW_JOBS
+    (the root's jobs and every sub-workflow's, activations included), or None. A loop in the
+    function cannot write more jobs than a fan-out could."""
+    limit = get_settings().max_workflow_jobs
+    cur.execute(q("workflow_tree_job_count"), {"id": workflow_id})
+    jobs = cur.fetchone()["count"] + adding
+    if jobs <= limit:
+        return None
+    return (f"too_many_jobs: {adding} more steps would make the workflow's tree {jobs} jobs, more than"
+            f" QFORGE_MAX_WORKFLOW_JOBS ({limit})")
 
 
 MAX_NESTING = 10  # as for graph workflows' sub-workflows
