@@ -21,7 +21,7 @@ from qforge.commands.plan import run, run_async
 from qforge.commands.errors import Invalid
 from qforge.commands.specs import JobSpec, WorkflowSpec, parse_spec
 from qforge.commands.workflows import span_values, starts_children, submit_plan
-from qforge.workflows.durable import CodeWorkflowSpec, start_plan
+from qforge.workflows.durable import CodeWorkflowSpec, start_plan, traced_start
 
 ACTOR = "app"  # the events' actor: written by the application, not the API or a worker
 
@@ -61,7 +61,8 @@ def start(conn, name: str, input: Any = None, **options: Any) -> uuid.UUID | Awa
     spec = parse_spec(CodeWorkflowSpec, {"code": name, "input": input, **options})
     if isinstance(conn, AsyncConnection):
         return _start_async(conn, spec)
-    workflow_id, _ = run(conn, start_plan(spec, actor=ACTOR), own_transaction=False)
+    with traced_start(spec) as traced:
+        workflow_id, _ = run(conn, start_plan(spec, actor=ACTOR, trace=traced.carrier), own_transaction=False)
     return workflow_id
 
 
@@ -70,7 +71,9 @@ async def start_async(conn: AsyncConnection, name: str, input: Any = None, **opt
 
 
 async def _start_async(conn: AsyncConnection, spec: CodeWorkflowSpec) -> uuid.UUID:
-    workflow_id, _ = await run_async(conn, start_plan(spec, actor=ACTOR), own_transaction=False)
+    with traced_start(spec) as traced:
+        workflow_id, _ = await run_async(conn, start_plan(spec, actor=ACTOR, trace=traced.carrier),
+                                         own_transaction=False)
     return workflow_id
 
 

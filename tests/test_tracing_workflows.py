@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 import psycopg
+
+import qforge
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -122,3 +124,33 @@ def test_a_workflow_run_its_fan_out_and_its_sub_workflow_are_one_trace(db_url: s
 
     root = next(s for s in finished if s.context.span_id == deploy.get_span_context().span_id)
     print("\n".join(tree(finished, root)))
+
+
+@qforge.workflow("traced_code")
+def traced_code(ctx, inp):
+    first = ctx.run("echo", {"n": 1}, step="first")
+    both = ctx.gather(ctx.start("echo", {"n": 2}, step="left"), ctx.start("echo", {"n": 3}, step="right"))
+    return {"first": first, "both": both}
+
+
+def test_a_code_workflow_run_is_one_trace_with_a_span_per_step(db_url: str, spans: InMemorySpanExporter) -> None:
+    """POST /workflows {"code"} under the caller's span: qforge.submit, then each step's and each run
+    of the function's qforge.run as its children, and qforge.workflow.end: one trace."""
+    settings = Settings(database_url=db_url, api_token=None, poll_interval_seconds=0.1)
+    caller = trace.get_tracer("the-web-app")
+    with BackgroundServer(create_app(db_url, settings=settings)) as api:
+        with caller.start_as_current_span("checkout") as checkout:
+            headers: dict[str, str] = {}
+            propagate.inject(headers)
+            made = httpx.post(f"{api.url}/workflows", headers=headers, json={"code": "traced_code"})
+            assert made.status_code == 201, made.text
+        run_until_done(db_url, api, settings, [made.json()["id"]])
+    trace_id = checkout.get_span_context().trace_id
+    finished = [s for s in spans.get_finished_spans() if s.context.trace_id == trace_id]
+    [submit] = [s for s in finished if s.name == "qforge.submit"]
+    assert submit.attributes["qforge.workflow"] == "traced_code"
+    runs = {s.attributes["qforge.step"]: s for s in finished if s.name == "qforge.run"}
+    assert {"first", "left", "right"} <= set(runs) and any(step.startswith("@") for step in runs), sorted(runs)
+    assert {s.parent.span_id for s in runs.values()} == {submit.context.span_id}
+    [end] = [s for s in finished if s.name == "qforge.workflow.end"]
+    assert end.parent.span_id == submit.context.span_id and end.attributes["qforge.status"] == "succeeded"

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from qforge.commands.errors import Invalid
 from qforge.commands.plan import run
-from qforge.workflows.durable import CodeWorkflowSpec, start_plan
+from qforge.workflows.durable import CodeWorkflowSpec, start_plan, traced_start
 from qforge.workflows.registry import get_workflow, registered_workflow_names
 
 
@@ -25,4 +25,7 @@ def start(conn, spec: CodeWorkflowSpec, *, actor: str = "api",
           now: datetime | None = None) -> tuple[uuid.UUID, bool]:
     """Start a code workflow (its first activation is due at once); (id, created)."""
     check_known(spec.code)
-    return run(conn, start_plan(spec, actor=actor, now=now))
+    with traced_start(spec) as traced:
+        workflow_id, created = run(conn, start_plan(spec, actor=actor, now=now, trace=traced.carrier))
+        traced.set(workflow_id=workflow_id)
+    return workflow_id, created

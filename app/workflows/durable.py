@@ -12,10 +12,11 @@ worker slot: between activations the function exists only in the log.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Iterator
 
 from psycopg.rows import dict_row
 from pydantic import ConfigDict, Field, field_validator
@@ -31,6 +32,7 @@ from qforge.events.states import (CANCELLED, DEAD, JOB_ACTIVE, JOB_FINISHED, PEN
                                   WAITING)
 from qforge.events.types import NewEvent
 from qforge.settings import get_settings
+from qforge import tracing
 from qforge.sql import q
 from qforge.workflows import journal
 from qforge.workflows.replay import STEP_OPS
@@ -63,15 +65,17 @@ class CodeWorkflowSpec(Storable):
 
 
 def activation_row(workflow_id: uuid.UUID, number: int, queue: str, tags: dict[str, str],
-                   due: datetime | None = None) -> dict[str, Any]:
+                   due: datetime | None = None, trace: dict[str, str] | None = None) -> dict[str, Any]:
     data = ev.Enqueued(task=journal.TASK, queue=queue, max_retries=ACTIVATION_RETRIES, payload={"n": number},
-                       step=f"@{number}", step_type=journal.ACTIVATION, run_at=due)
+                       step=f"@{number}", step_type=journal.ACTIVATION, run_at=due, trace=trace)
     return job_row(new_id(), data, tags, workflow_id)
 
 
 def start_plan(spec: CodeWorkflowSpec, *, actor: str, now: datetime | None = None,
-               parent: dict[str, Any] | None = None) -> Plan[tuple[uuid.UUID, bool]]:
-    """The workflow and its first activation, as statements (the caller's transaction, or the API's)."""
+               parent: dict[str, Any] | None = None,
+               trace: dict[str, str] | None = None) -> Plan[tuple[uuid.UUID, bool]]:
+    """The workflow and its first activation, as statements (the caller's transaction, or the API's).
+    `trace`: the qforge.submit span's context (traced_start), carried by every job of the run."""
     clock = now or datetime.now(timezone.utc)
     workflow_id = new_id()
     submitted = ev.WorkflowSubmitted(
@@ -81,9 +85,23 @@ def start_plan(spec: CodeWorkflowSpec, *, actor: str, now: datetime | None = Non
     existing = yield from store_submitted(workflow_id, submitted, spec.tags, actor=actor, now=now)
     if existing is not None:
         return existing, False
-    yield [Statement(q("job_enqueue"), {"jobs": json.dumps([activation_row(workflow_id, 1, spec.queue, spec.tags)]),
+    yield [Statement(q("job_enqueue"), {"jobs": json.dumps([activation_row(workflow_id, 1, spec.queue, spec.tags, trace=trace)]),
                                         "actor": actor, "now": now})]
     return workflow_id, True
+
+
+@contextlib.contextmanager
+def traced_start(spec: CodeWorkflowSpec, parent: dict[str, str] | None = None) -> Iterator[tracing.Traced]:
+    """The run's trace: a qforge.submit span (a child of the current span, or of the stored context
+    `parent`: a parent workflow's) whose context start_plan stores in the run's jobs, so each
+    step's and each activation's qforge.run is its child, as for graph workflows."""
+    with tracing.span("qforge.submit", parent=parent, workflow=spec.code) as traced:
+        yield traced
+
+
+def run_trace(rows: list[dict[str, Any]]) -> dict[str, str] | None:
+    """The run's stored trace context (its first activation's), or None when untraced."""
+    return next((row["trace"] for row in rows if row.get("trace") and journal.is_activation(row)), None)
 
 
 def read_history(conn, workflow_id: uuid.UUID) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -95,7 +113,8 @@ def read_history(conn, workflow_id: uuid.UUID) -> tuple[dict[str, Any], list[dic
         return workflow, cur.fetchall()
 
 
-def step_event(op: dict[str, Any], clock: datetime, due: datetime | None = None) -> ev.Enqueued:
+def step_event(op: dict[str, Any], clock: datetime, due: datetime | None = None,
+               trace: dict[str, str] | None = None) -> ev.Enqueued:
     """The job a new operation of the function becomes (a task step due at `due`, see advance_code)."""
     after = list(op.get("after") or [])
     if op["op"] == "sleep":
@@ -113,7 +132,7 @@ def step_event(op: dict[str, Any], clock: datetime, due: datetime | None = None)
     delay = options.pop("delay_seconds", None)
     return ev.Enqueued(task=op["task"], payload=op.get("payload") or {}, step=op["step"], step_type="task",
                        status=PENDING, run_at=clock + timedelta(seconds=delay) if delay else due,
-                       depends_on=after, **options)
+                       depends_on=after, trace=trace, **options)
 
 
 def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]], clock: datetime, *,
@@ -138,8 +157,8 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
     # A running workflow's next step and run are due since the workflow started: among equal
     # priorities, work of older workflows is claimed before a backlog of newer ones (the claim's
     # order is run_at), so each workflow's step-to-step latency is not the whole backlog's.
-    due = workflow["created_at"]
-    rows_in = [job_row(new_id(), step_event(op, clock, due), workflow["tags"], workflow["id"]) for op in new]
+    due, trace = workflow["created_at"], run_trace(rows)
+    rows_in = [job_row(new_id(), step_event(op, clock, due, trace), workflow["tags"], workflow["id"]) for op in new]
     if rows_in and (problem := over_budget(cur, workflow["id"], len(rows_in))):
         _end(conn, workflow, rows, {"status": "failed", "reason": "too_many_jobs", "error": problem},
              now=now, actor=actor)
@@ -149,10 +168,10 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
     finished = {name for name, row in steps.items() if row["status"] in JOB_FINISHED}
     finished |= {op["step"] for op, row in zip(new, rows_in)  # a child that could not start
                  if op["op"] == "child" and _start_child(conn, workflow, op, row["id"], last["queue"],
-                                                         actor=actor, now=now)}
+                                                         actor=actor, now=now, trace=trace)}
     # What it waited on may have finished while it ran (their advance found it running): wake it now.
     if all(name in finished for name in decided.get("waiting_on", [])):
-        row = activation_row(workflow["id"], len(runs) + 1, last["queue"], workflow["tags"], due)
+        row = activation_row(workflow["id"], len(runs) + 1, last["queue"], workflow["tags"], due, trace)
         cur.execute(q("job_enqueue"), {"jobs": json.dumps([row]), "actor": actor, "now": now})
     return False
 
@@ -174,7 +193,7 @@ MAX_NESTING = 10  # as for graph workflows' sub-workflows
 
 
 def _start_child(conn, workflow: dict[str, Any], op: dict[str, Any], job_id: str, queue: str, *, actor: str,
-                 now: datetime | None) -> bool:
+                 now: datetime | None, trace: dict[str, str] | None = None) -> bool:
     """Start ctx.child's sub-workflow: the stored definition of that name if there is one, else the
     code workflow (the API, the monitor and workers all advance, and only workers know functions).
     One that cannot start ends its step at once (the function gets StepFailed): then True."""
@@ -190,11 +209,12 @@ def _start_child(conn, workflow: dict[str, Any], op: dict[str, Any], job_id: str
         elif get_definition(conn, op["workflow"]) is not None:
             inputs = op.get("input")
             start_definition(conn, op["workflow"], inputs if inputs is not None else {}, actor=actor, now=now,
-                             parent=parent)
+                             parent=parent, trace_parent=trace)
         else:
             spec = CodeWorkflowSpec(code=op["workflow"], input=op.get("input"), tags=workflow["tags"],
                                     queue=queue)
-            plan_run(conn, start_plan(spec, actor=actor, now=now, parent=parent))
+            with traced_start(spec, parent=trace) as traced:
+                plan_run(conn, start_plan(spec, actor=actor, now=now, parent=parent, trace=traced.carrier))
     except (CommandError, ValueError) as error:
         problem = f"could not start sub-workflow {op['workflow']!r}: {error}"
     if problem is None:
@@ -213,7 +233,7 @@ def _start_child(conn, workflow: dict[str, Any], op: dict[str, Any], job_id: str
 def _end(conn, workflow: dict[str, Any], rows: list[dict[str, Any]], outcome: dict[str, Any], *,
          now: datetime | None, actor: str) -> None:
     """The function returned (or failed): steps it started and never waited for are cancelled."""
-    workflow_id = workflow["id"]
+    workflow_id, rows_all = workflow["id"], rows
     with conn.cursor(row_factory=dict_row) as locking:  # a heartbeat may have moved them on: re-read locked
         locking.execute(q("job_lock"), {"ids": sorted(r["id"] for r in rows if r["status"] in JOB_ACTIVE)})
         rows = locking.fetchall()
@@ -226,6 +246,8 @@ def _end(conn, workflow: dict[str, Any], rows: list[dict[str, Any]], outcome: di
     events.append(NewEvent(stream_id=workflow_id, version=workflow["version"] + 1, data=data,
                            tags=workflow["tags"], workflow_id=workflow_id))
     store.append(conn, events, actor=actor, now=now)
+    tracing.ended(run_trace(rows_all), "qforge.workflow.end", workflow_id=workflow_id, status=outcome["status"],
+                  error=outcome.get("error"))
 
 
 REOPENABLE = frozenset({DEAD, CANCELLED, SKIPPED})
@@ -259,6 +281,6 @@ def resume_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]],
     runs = journal.activations(rows)
     queue = runs[-1]["queue"] if runs else "default"
     cur.execute(q("job_enqueue"), {"jobs": json.dumps([activation_row(workflow["id"], len(runs) + 1, queue,
-                                                                      workflow["tags"])]),
+                                                                      workflow["tags"], trace=run_trace(rows))]),
                                    "actor": actor, "now": now})
     return names
