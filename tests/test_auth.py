@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from qforge.api import auth
-from qforge.api import events as events_route
+from qforge.api.routes import events as events_route
 from qforge.api.app import create_app
 from qforge.api.server import BackgroundServer
 from qforge.commands import tokens

@@ -10,9 +10,9 @@ import pytest
 
 from qforge import AsyncClient, Client, Conflict, Invalid, NotFound
 from qforge.api.app import create_app
-from qforge.api.definitions import DefinitionView
+from qforge.api.routes.definitions import DefinitionView
 from qforge.api.models import WorkflowView
-from qforge.api.schedules import ScheduleView
+from qforge.api.routes.schedules import ScheduleView
 from qforge.client.routes import COVERED
 from qforge.commands.claim import claim
 from qforge.commands.report import Report, fail

@@ -17,7 +17,7 @@ import httpx
 import psycopg
 import pytest
 
-from qforge.api import events as events_route
+from qforge.api.routes import events as events_route
 from qforge.api.app import create_app
 from qforge.api.hub import EventHub, encode
 from qforge.api.server import BackgroundServer

@@ -13,7 +13,7 @@ import pytest
 
 from cluster_procs import DBNAME, cluster  # noqa: F401  (fixture)
 from pgcluster import Cluster
-from qforge.api import events as events_route
+from qforge.api.routes import events as events_route
 from qforge.api.app import create_app
 from qforge.api.consistency import HEADER
 from qforge.api.server import BackgroundServer

@@ -16,8 +16,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import swagger_ui_bundle
 
 from qforge import tracing
-from qforge.api import (compat, dashboard_states, definitions, errors, events, executions, jobs, keys,
-                        operations, queues, schedules, stats, tokens, workflows)
+from qforge.api import dashboard_states, errors
+from qforge.api.routes import (compat, definitions, events, executions, jobs, keys, operations, queues, schedules,
+                               stats, tokens, workflows)
 from qforge.api.auth import api_routes, authorize, refuse_unguarded
 from qforge.api.consistency import WriteLsnHeaders
 from qforge.api.deps import Resources

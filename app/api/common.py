@@ -34,6 +34,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 limit_query = Annotated[int, Query(ge=1, le=500, description="page size (1-500)")]
 tag_query = Annotated[list[str] | None, Query(
     max_length=20, description="key:value; repeat for more (all must match)")]
+cursor_query = Annotated[str | None, Query(max_length=500)]  # the `next` of the previous page
 
 
 @contextlib.contextmanager

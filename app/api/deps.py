@@ -82,23 +82,24 @@ class Resources:
         request (a wide search, a huge proof) can hold a connection and the server's CPU longer."""
         set_statement_timeout(conn, self.settings.api_statement_timeout_seconds)
 
+    def _pool_once(self, attribute: str, url: str, name: str) -> ConnectionPool:
+        """The pool kept in `attribute`, opened on first use (under the lock: one pool per URL)."""
+        with self._lock:
+            if getattr(self, attribute) is None:
+                setattr(self, attribute, self._open_pool(url, name))
+            pool: ConnectionPool = getattr(self, attribute)
+            return pool
+
     @property
     def pool(self) -> ConnectionPool:
-        url = self.database_url
-        with self._lock:
-            if self._pool is None:
-                self._pool = self._open_pool(url, "qforge-api")
-            return self._pool
+        return self._pool_once("_pool", self.database_url, "qforge-api")
 
     @property
     def readonly_pool(self) -> ConnectionPool:
         """The read-only role's pool on the primary, or the API's own without a read-only URL."""
         if not self.readonly_url:
             return self.pool
-        with self._lock:
-            if self._readonly_pool is None:
-                self._readonly_pool = self._open_pool(self.readonly_url, "qforge-api-readonly")
-            return self._readonly_pool
+        return self._pool_once("_readonly_pool", self.readonly_url, "qforge-api-readonly")
 
     @property
     def read_pool(self) -> ConnectionPool | None:
@@ -106,10 +107,7 @@ class Resources:
         url = self.read_database_url
         if not url:
             return None
-        with self._lock:
-            if self._read_pool is None:
-                self._read_pool = self._open_pool(url, "qforge-api-read")
-            return self._read_pool
+        return self._pool_once("_read_pool", url, "qforge-api-read")
 
     @property
     def hub(self) -> EventHub:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 from uuid import UUID
 
 import httpx
@@ -42,25 +42,25 @@ class AsyncClient(Routes, ManageRoutes):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def iter_jobs(self, **filters: Any) -> AsyncIterator[models.JobView]:
+    @staticmethod
+    async def _every(list_page: Callable[..., Any], filters: dict[str, Any]) -> AsyncIterator[Any]:
+        """As Client._every: every item of a paged list, page after page."""
         cursor = None
         while True:
-            page = await self.list_jobs(**filters, cursor=cursor)
+            page = await list_page(**filters, cursor=cursor)
             for item in page.items:
                 yield item
             if not page.next:
                 return
             cursor = page.next
 
+    async def iter_jobs(self, **filters: Any) -> AsyncIterator[models.JobView]:
+        async for item in self._every(self.list_jobs, filters):
+            yield item
+
     async def iter_workflows(self, **filters: Any) -> AsyncIterator[models.WorkflowSummary]:
-        cursor = None
-        while True:
-            page = await self.list_workflows(**filters, cursor=cursor)
-            for item in page.items:
-                yield item
-            if not page.next:
-                return
-            cursor = page.next
+        async for item in self._every(self.list_workflows, filters):
+            yield item
 
     async def wait(self, job_id: UUID | str, timeout: float = 60.0, *, poll_seconds: float = 0.2) -> Any:
         """As Client.wait."""

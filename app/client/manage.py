@@ -17,9 +17,9 @@ from qforge.commands.schedules import ScheduleSpec
 
 
 def _api(module: str, name: str) -> Any:
-    """A model of an API router module (qforge.api.<module>), imported when first used: those
+    """A model of an API router module (qforge.api.routes.<module>), imported when first used: those
     modules import FastAPI, which `import qforge.client` should not cost."""
-    return getattr(importlib.import_module(f"qforge.api.{module}"), name)
+    return getattr(importlib.import_module(f"qforge.api.routes.{module}"), name)
 
 
 def _parsed(module: str, name: str, items: bool = False) -> Any:

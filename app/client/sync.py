@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 from uuid import UUID
 
 import httpx
@@ -53,24 +53,23 @@ class Client(Routes, ManageRoutes):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def iter_jobs(self, **filters: Any) -> Iterator[models.JobView]:
-        """Every job matching the filters of list_jobs, page after page."""
+    @staticmethod
+    def _every(list_page: Callable[..., Any], filters: dict[str, Any]) -> Iterator[Any]:
+        """Every item of a paged list (`list_page(**filters, cursor=...)`), page after page."""
         cursor = None
         while True:
-            page = self.list_jobs(**filters, cursor=cursor)
+            page = list_page(**filters, cursor=cursor)
             yield from page.items
             if not page.next:
                 return
             cursor = page.next
 
+    def iter_jobs(self, **filters: Any) -> Iterator[models.JobView]:
+        """Every job matching the filters of list_jobs, page after page."""
+        yield from self._every(self.list_jobs, filters)
+
     def iter_workflows(self, **filters: Any) -> Iterator[models.WorkflowSummary]:
-        cursor = None
-        while True:
-            page = self.list_workflows(**filters, cursor=cursor)
-            yield from page.items
-            if not page.next:
-                return
-            cursor = page.next
+        yield from self._every(self.list_workflows, filters)
 
     def wait(self, job_id: UUID | str, timeout: float = 60.0, *, poll_seconds: float = 0.2) -> Any:
         """The job's result once it succeeds; JobFailed if it ends dead, cancelled or skipped;

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import Discriminator, Tag
 
 from qforge.api.auth import Actor, Caller, needs
-from qforge.api.common import (ERRORS, PROOF_DOC, as_of_view, bad_query, limit_query, missing, proof_answer,
-                               proof_cursor, tag_query, tags_of)
+from qforge.api.common import (ERRORS, PROOF_DOC, as_of_view, bad_query, cursor_query, limit_query, missing,
+                               proof_answer, proof_cursor, tag_query, tags_of)
 from qforge.api.deps import Conn, ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, TriggerRequest, WorkflowCreated, WorkflowList, WorkflowView
@@ -66,7 +66,7 @@ def create_workflow(body: WorkflowBody, conn: Conn, response: Response, actor: A
 @router.get("/workflows", response_model=WorkflowList, responses=ERRORS)
 def list_workflows(conn: ReadConn, status: Annotated[WorkflowStatus | None, Query()] = None,
                    tag: tag_query = None, limit: limit_query = 50,
-                   cursor: Annotated[str | None, Query(max_length=500)] = None,
+                   cursor: cursor_query = None,
                    name: Annotated[str | None, Query(max_length=200)] = None) -> dict:
     """Workflows, newest first, with how many steps are in each status; filters: status, name, tags."""
     with bad_query():

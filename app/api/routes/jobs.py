@@ -8,8 +8,8 @@ from uuid import UUID
 from fastapi import APIRouter, Query, Request, Response
 
 from qforge.api.auth import Actor, Caller, needs
-from qforge.api.common import (ERRORS, PROOF_DOC, as_of_view, bad_query, limit_query, missing, proof_answer,
-                               proof_cursor, tag_query, tags_of)
+from qforge.api.common import (ERRORS, PROOF_DOC, as_of_view, bad_query, cursor_query, limit_query, missing,
+                               proof_answer, proof_cursor, tag_query, tags_of)
 from qforge.api.deps import Conn, PageBytes, ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import BulkResult, EventHistory, JobList, JobView
@@ -53,7 +53,7 @@ def list_jobs(conn: ReadConn, max_bytes: PageBytes,
               queue: Annotated[str | None, Query(max_length=200)] = None,
               task: Annotated[str | None, Query(max_length=200)] = None,
               tag: tag_query = None, limit: limit_query = 50,
-              cursor: Annotated[str | None, Query(max_length=500)] = None) -> dict:
+              cursor: cursor_query = None) -> dict:
     """Jobs, newest first, filtered by status, queue, task and tags (key:value, all must match); a
     page ends after `limit` jobs or about QFORGE_API_PAGE_BYTES of JSON."""
     with bad_query():

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
-from qforge.api.common import ERRORS, bad_query, limit_query, tags_of
+from qforge.api.common import ERRORS, bad_query, cursor_query, limit_query, tags_of
 from qforge.api.deps import PageBytes, ReadConn
 from qforge.api.models import ExecutionList
 from qforge.projections import executions
@@ -21,7 +21,7 @@ def search(conn: ReadConn, max_bytes: PageBytes,
            actor: Annotated[str | None, Query(max_length=200, description=(
                "only executions this actor (a token's name, a worker...) wrote an event for"))] = None,
            limit: limit_query = 50,
-           cursor: Annotated[str | None, Query(max_length=500)] = None,
+           cursor: cursor_query = None,
            waiting: Annotated[Literal["trigger", "timer"] | None, Query(description=(
                "only running workflows that wait on nothing but a trigger (or a timer)"))] = None) -> dict:
     """Jobs and workflows carrying every given tag (and touched by `actor`), newest first."""

@@ -1,0 +1,1 @@
+"""The HTTP routers: one module per resource (app.py mounts them)."""
