@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from qforge.commands import workflows as wf
-from qforge.commands.resume import resume
+from qforge.workflows.resume import resume
 from qforge.projections.workflows import get_workflow
 from test_worker_support import Processes, procs, registry, tasks_dir, wait_for  # noqa: F401 (fixtures)
 from tests.test_workflows_e2e import finished, steps
