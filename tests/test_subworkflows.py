@@ -6,7 +6,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from qforge.commands import workflows as wf
-from qforge.commands.definitions import DefinitionSpec, store_definition
+from qforge.workflows.definitions import DefinitionSpec, store_definition
 from qforge.commands.errors import Invalid
 from qforge.workflows.resume import resume
 from qforge.commands.subflows import finish_parents

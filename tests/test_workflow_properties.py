@@ -13,7 +13,7 @@ from psycopg.rows import dict_row
 
 from qforge.commands import workflows as wf
 from qforge.commands.claim import claim
-from qforge.commands.definitions import DefinitionSpec, store_definition
+from qforge.workflows.definitions import DefinitionSpec, store_definition
 from qforge.commands.errors import Conflict
 from qforge.commands.report import Report, complete, fail
 from qforge.workflows.resume import resume

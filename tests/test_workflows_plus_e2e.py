@@ -67,7 +67,7 @@ def test_fan_out_over_a_runtime_list_with_real_workers(conn, procs: Processes):
 
 
 def test_sub_workflow_from_a_stored_definition_with_real_workers(conn, procs: Processes):
-    from qforge.commands.definitions import DefinitionSpec, start_definition, store_definition
+    from qforge.workflows.definitions import DefinitionSpec, start_definition, store_definition
     procs.worker("--concurrency", "2")
     procs.monitor()
     store_definition(conn, "child", DefinitionSpec.model_validate({
