@@ -9,7 +9,7 @@ from qforge.db import connect
 from qforge.commands import workflows as wf
 from qforge.commands.claim import claim
 from qforge.commands.report import Report, complete, fail
-from qforge.commands.resume import resume
+from qforge.workflows.resume import resume
 
 url = sys.argv[1]
 with connect(url, autocommit=True) as conn:

@@ -7,8 +7,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qforge.commands import dag
-from qforge.commands.dag import StepDef, StepState
+from qforge.workflows import dag
+from qforge.workflows.dag import StepDef, StepState
 from qforge.events.states import JOB_FINISHED
 
 

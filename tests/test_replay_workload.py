@@ -30,8 +30,8 @@ from qforge.commands.claim import ClaimedJob, claim
 from qforge.commands.enqueue import JobSpec, enqueue
 from qforge.commands.errors import Conflict, NotFound
 from qforge.commands.manage import cancel_job, recover_stale, retry_job
-from qforge.commands.definitions import DefinitionSpec, start_definition, store_definition
-from qforge.commands.resume import resume
+from qforge.workflows.definitions import DefinitionSpec, start_definition, store_definition
+from qforge.workflows.resume import resume
 from qforge.commands.report import Report, complete, fail, heartbeat
 from qforge.db import connect
 from qforge.events.states import JOB_ACTIVE

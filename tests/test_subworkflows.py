@@ -6,9 +6,9 @@ import pytest
 from psycopg.rows import dict_row
 
 from qforge.commands import workflows as wf
-from qforge.commands.definitions import DefinitionSpec, store_definition
+from qforge.workflows.definitions import DefinitionSpec, store_definition
 from qforge.commands.errors import Invalid
-from qforge.commands.resume import resume
+from qforge.workflows.resume import resume
 from qforge.commands.subflows import finish_parents
 from qforge.db import connect
 from qforge.projections.workflows import get_workflow

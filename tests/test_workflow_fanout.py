@@ -8,7 +8,7 @@ from psycopg.rows import dict_row
 from qforge.commands.errors import Invalid
 from qforge.commands.fanout import items_or_problem
 from qforge.commands.manage import retry_job
-from qforge.commands.resume import resume
+from qforge.workflows.resume import resume
 from qforge.projections.workflows import get_workflow
 from qforge.settings import get_settings
 from tests.test_workflows import run_ready, status_of, submit

@@ -13,10 +13,10 @@ from psycopg.rows import dict_row
 
 from qforge.commands import workflows as wf
 from qforge.commands.claim import claim
-from qforge.commands.definitions import DefinitionSpec, store_definition
+from qforge.workflows.definitions import DefinitionSpec, store_definition
 from qforge.commands.errors import Conflict
 from qforge.commands.report import Report, complete, fail
-from qforge.commands.resume import resume
+from qforge.workflows.resume import resume
 from qforge.events.states import JOB_ACTIVE, WORKFLOW_FINISHED
 
 START = datetime(2031, 1, 1, tzinfo=timezone.utc)

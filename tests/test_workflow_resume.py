@@ -7,12 +7,12 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from psycopg.rows import dict_row
 
-from qforge.commands import dag
+from qforge.workflows import dag
 from qforge.commands import workflows as wf
 from qforge.commands.claim import claim
 from qforge.commands.errors import Conflict, Invalid
 from qforge.commands.manage import retry_job
-from qforge.commands.resume import resume, steps_to_reopen
+from qforge.workflows.resume import resume, steps_to_reopen
 from qforge.events import store
 from qforge.projections.workflows import get_workflow
 from tests.test_workflows import run_ready, status_of, steps_of, submit

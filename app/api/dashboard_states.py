@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from qforge.commands.dag import STEP_TYPES
+from qforge.workflows.dag import STEP_TYPES
 from qforge.events import states
 from qforge.events import types as ev
 

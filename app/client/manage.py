@@ -11,7 +11,7 @@ import importlib
 
 from qforge.api import models
 from qforge.client.routes import Call, _events, _model, query, route, validated
-from qforge.commands.definitions import DefinitionSpec, RunRequest
+from qforge.workflows.definitions import DefinitionSpec, RunRequest
 from qforge.commands.queues import QueueSettingsSpec
 from qforge.commands.schedules import ScheduleSpec
 

@@ -1,4 +1,4 @@
-"""Advance workflows: apply the DAG rules (qforge.commands.dag) to locked workflows and append what they decide.
+"""Advance workflows: apply the DAG rules (qforge.workflows.dag) to locked workflows and append what they decide.
 
 Everything that finishes a step (a completion, a failure that dead-letters, a
 cancel, a trigger, a timer) calls `advance` in its own transaction, after
@@ -14,7 +14,8 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from qforge.commands import dag, subflows
+from qforge.commands import subflows
+from qforge.workflows import dag
 from qforge.commands.errors import NotFound
 from qforge.commands.fanout import Fanout
 from qforge.events import store

@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from qforge.commands.advance import advance
 from qforge.commands.errors import Conflict, Invalid
-from qforge.commands.resume import reopen_step
+from qforge.workflows.resume import reopen_step
 from qforge.commands.specs import NAME_PATTERN, Storable, check_tags
 from qforge.events import store
 from qforge.events import types as ev

@@ -18,7 +18,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from qforge.commands import dag
+from qforge.workflows import dag
 from qforge.events import types as ev
 from qforge.events.ids import new_id
 from qforge.events.states import BLOCKED, CANCELLED, DEAD, PENDING, RUNNING, SUCCEEDED, WAITING

@@ -10,7 +10,7 @@ from psycopg.rows import dict_row
 from qforge.commands.advance import advance
 from qforge.commands.errors import Conflict, NotFound
 from qforge.commands.report import Report, fail
-from qforge.commands.resume import reopen_step
+from qforge.workflows.resume import reopen_step
 from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.states import JOB_ACTIVE, allows

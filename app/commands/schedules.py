@@ -21,7 +21,8 @@ from psycopg.rows import dict_row
 from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from qforge.commands import cron, definitions
+from qforge.commands import cron
+from qforge.workflows import definitions
 from qforge.commands.enqueue import enqueue
 from qforge.commands.errors import CommandError, Conflict, Invalid, NotFound
 from qforge.commands.specs import NAME_PATTERN, JobSpec, Storable

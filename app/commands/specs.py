@@ -2,7 +2,7 @@
 
 A body is validated once, by these models (fields, bounds, values PostgreSQL
 cannot store); the graph of a workflow is checked by the command that submits
-it (`qforge.commands.dag.validate`), which reports every problem at once.
+it (`qforge.workflows.dag.validate`), which reports every problem at once.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from qforge.commands import dag
+from qforge.workflows import dag
 
 NAME_PATTERN = r"^[A-Za-z0-9_.:\-]{1,200}$"
 MAX_STEPS = 1000  # steps in one workflow or definition (docs/workflows.md): a longer body is a 422

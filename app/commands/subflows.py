@@ -30,7 +30,7 @@ from qforge.sql import q
 def start_child(conn, row: dict, spec: dict[str, Any], inputs: dict[str, Any], workflow: dict,
                 *, actor: str, now: datetime | None) -> tuple[uuid.UUID | None, str | None]:
     """Submit the child of a workflow step that was just unblocked; (child id, None) or (None, why not)."""
-    from qforge.commands.definitions import start_definition  # definitions -> workflows -> advance -> here
+    from qforge.workflows.definitions import start_definition  # definitions -> workflows -> advance -> here
     from qforge.commands.errors import CommandError, Invalid
     child_inputs = {**inputs, **(spec.get("inputs") or {})}
     try:

@@ -9,7 +9,8 @@ from typing import Any
 
 from psycopg.rows import dict_row, tuple_row
 
-from qforge.commands import dag, subflows
+from qforge.commands import subflows
+from qforge.workflows import dag
 from qforge.commands.advance import advance, load, wait_until
 from qforge.commands.enqueue import job_row
 from qforge.commands.errors import Conflict, Invalid, NotFound

@@ -108,7 +108,7 @@ JOB_READY_EVENTS = frozenset(
     if PENDING in (to if isinstance(to, frozenset) else {to}))
 WORKFLOW_FINISHED = frozenset({SUCCEEDED, FAILED, CANCELLED})
 # Step statuses that do not fail their workflow (a dead step may still be
-# forgiven by a handler that succeeded: see qforge.commands.dag).
+# forgiven by a handler that succeeded: see qforge.workflows.dag).
 STEP_FINE = frozenset({SUCCEEDED, SKIPPED})
 
 

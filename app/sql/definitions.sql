@@ -1,4 +1,4 @@
--- Stored workflow definitions (qforge.commands.definitions).
+-- Stored workflow definitions (qforge.workflows.definitions).
 
 -- name: definition_lock
 -- One writer per name at a time, for the transaction: the version a writer

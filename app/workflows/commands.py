@@ -1,4 +1,4 @@
-"""Commands on code workflows that the API and the SDK call: start (resume lives in qforge.commands.resume)."""
+"""Commands on code workflows that the API and the SDK call: start (resume lives in qforge.workflows.resume)."""
 
 from __future__ import annotations
 

@@ -197,7 +197,7 @@ def _start_child(conn, workflow: dict[str, Any], op: dict[str, Any], job_id: str
     """Start ctx.child's sub-workflow: the stored definition of that name if there is one, else the
     code workflow (the API, the monitor and workers all advance, and only workers know functions).
     One that cannot start ends its step at once (the function gets StepFailed): then True."""
-    from qforge.commands.definitions import get_definition, start_definition  # definitions -> advance -> here
+    from qforge.workflows.definitions import get_definition, start_definition  # definitions -> advance -> here
     from qforge.commands.errors import CommandError
 
     depth = (workflow.get("nesting") or 0) + 1

@@ -409,7 +409,7 @@ def test_crumbs_follow_the_way_in_and_the_jobs_list_names_workflows(dashboard: D
 
 def test_new_forms_list_step_types_and_built_in_tasks_and_say_which_characters_are_allowed(
         dashboard: Dashboard, api: httpx.Client) -> None:
-    from qforge.commands.dag import STEP_TYPES
+    from qforge.workflows.dag import STEP_TYPES
     from qforge.workers.tasks import RESERVED_TASK_NAMES, registered_task_names
 
     page = dashboard.open("/new?form=workflow")

@@ -13,7 +13,7 @@ from qforge.api.common import ERRORS, limit_query
 from qforge.api.deps import Conn
 from qforge.api.errors import ApiError
 from qforge.api.models import WorkflowView
-from qforge.commands import definitions as commands
+from qforge.workflows import definitions as commands
 from qforge.commands.specs import NAME_PATTERN
 from qforge.projections import workflows as workflows_view
 

@@ -14,7 +14,7 @@ from qforge.api.common import (ERRORS, PROOF_DOC, as_of_view, bad_query, cursor_
 from qforge.api.deps import Conn, ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, TriggerRequest, WorkflowCreated, WorkflowList, WorkflowView
-from qforge.commands import resume
+from qforge.workflows import resume
 from qforge.commands import workflows as commands
 from qforge.commands.specs import WorkflowSpec
 from qforge.events import store

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 
 from psycopg.rows import dict_row
 
-from qforge.commands import dag
+from qforge.workflows import dag
 from qforge.commands.advance import advance, load, split_elements, step_state, wait_until
 from qforge.commands.errors import Conflict, NotFound
 from qforge.events import store
