@@ -6,7 +6,7 @@
 -- these: a stream's events, a workflow's, a range of positions, a page of the
 -- gapless read. A block spans at most log_pack_block() positions, so the
 -- blocks of a range are one index range (first_position above from less that).
--- Positions per packed block (qforge.commands.pack reads it too).
+-- Positions per packed block (qforge.log.pack reads it too).
 CREATE OR REPLACE FUNCTION log_pack_block() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT 64
 $$;

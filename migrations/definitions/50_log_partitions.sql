@@ -156,7 +156,7 @@ BEGIN
 END $$;
 
 -- Is `id` (maybe) among the streams of an archive segment? Its Bloom filter
--- (app/events/segments.py Bloom): k bits (h1 + i*h2) mod size, h1 and h2 the
+-- (app/log/segments.py Bloom): k bits (h1 + i*h2) mod size, h1 and h2 the
 -- first two big-endian 32-bit words of sha256 of the id's bytes; get_bit counts
 -- bits from the least significant of each byte, as the writer sets them.
 CREATE OR REPLACE FUNCTION archive_bloom_has(streams bytea, hashes integer, id uuid)

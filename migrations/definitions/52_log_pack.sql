@@ -1,4 +1,4 @@
--- Packing the log's closed partitions (migration 0019; qforge.commands.pack
+-- Packing the log's closed partitions (migration 0019; qforge.log.pack
 -- drives it): a partition's events go into blocks of log_pack_block() (64)
 -- consecutive positions in events_packed_<lower>, a table beside the log,
 -- filled a window at a time in short transactions (a long one would hold its
@@ -21,7 +21,7 @@ $$;
 
 -- Begin (or go on with) packing the live partition that starts at `lower`,
 -- which the caller has found closed and settled (every position in it
--- committed or never will be: qforge.commands.pack). Returns where filling
+-- committed or never will be: qforge.log.pack). Returns where filling
 -- goes on from.
 CREATE OR REPLACE FUNCTION log_pack_begin(lower bigint) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
