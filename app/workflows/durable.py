@@ -13,6 +13,7 @@ worker slot: between activations the function exists only in the log.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -136,9 +137,9 @@ def step_event(op: dict[str, Any], clock: datetime, due: datetime | None = None,
 
 
 def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]], clock: datetime, *,
-                 now: datetime | None, actor: str) -> bool:
+                 now: datetime | None, actor: str, inline: bool = True) -> bool:
     """Act on what the newest activation decided (the caller holds the workflow's lock); True when
-    the workflow ended."""
+    the workflow ended. `inline`: the next run may run here (see inline_activations)."""
     runs = journal.activations(rows)
     last = runs[-1]
     steps = {row["step"]: row for row in rows if not journal.is_activation(row)}
@@ -171,9 +172,53 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
                                                          actor=actor, now=now, trace=trace)}
     # What it waited on may have finished while it ran (their advance found it running): wake it now.
     if all(name in finished for name in decided.get("waiting_on", [])):
+        if inline and not rows_in and _INLINE.get():
+            run = activate_here(conn, workflow, rows, len(runs) + 1, last["queue"], trace, actor=actor, now=now)
+            if run is not None:  # what it decided is acted on at once, as for a run that was a job
+                return advance_code(conn, cur, workflow, [*rows, run], clock, now=now, actor=actor, inline=False)
         row = activation_row(workflow["id"], len(runs) + 1, last["queue"], workflow["tags"], due, trace)
         cur.execute(q("job_enqueue"), {"jobs": json.dumps([row]), "actor": actor, "now": now})
     return False
+
+
+# Set by a worker around its reports (inline_activations): the next run of a code workflow whose
+# function this process has registered runs right there, in the transaction of the report that
+# woke it, instead of as a job claimed after it: one transaction per step instead of two, and
+# no read of the history (the advance has just read it). Its log is the same as a job's run
+# (an activation row with its decisions), less the claim: a crash before the commit loses the
+# report too, and the step's attempt is recovered and run again as before.
+_INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("qforge_inline_activations", default=False)
+
+
+@contextlib.contextmanager
+def inline_activations() -> Iterator[None]:
+    token = _INLINE.set(True)
+    try:
+        yield
+    finally:
+        _INLINE.reset(token)
+
+
+def activate_here(conn, workflow: dict[str, Any], rows: list[dict[str, Any]], number: int, queue: str,
+                  trace: dict[str, str] | None, *, actor: str, now: datetime | None) -> dict[str, Any] | None:
+    """Run the function now (qforge.workflows.activation.activate_inline) and record the run as a
+    succeeded activation (Enqueued waiting, then Succeeded with its decisions); the run's row as
+    the history reads it, or None when it must run as a job."""
+    from qforge.workflows.activation import activate_inline  # activation -> workers.tasks -> here
+
+    decided = activate_inline(workflow, rows)
+    if decided is None:
+        return None
+    job_id = new_id()
+    base: dict[str, Any] = dict(stream_id=job_id, tags=workflow["tags"], workflow_id=workflow["id"])
+    enqueued = ev.Enqueued(task=journal.TASK, queue=queue, max_retries=ACTIVATION_RETRIES, payload={"n": number},
+                           step=f"@{number}", step_type=journal.ACTIVATION, status=WAITING, run_at=NEVER,
+                           trace=trace)
+    store.append(conn, [NewEvent(**base, version=1, data=enqueued),
+                        NewEvent(**base, version=2, data=ev.Succeeded(result=decided))], actor=actor, now=now)
+    return {"id": job_id, "step": enqueued.step, "step_type": journal.ACTIVATION, "task": journal.TASK,
+            "status": SUCCEEDED, "result": decided, "payload": enqueued.payload, "queue": queue,
+            "tags": workflow["tags"], "trace": trace, "version": 2, "attempts": 0, "last_error": None}
 
 
 def over_budget(cur, workflow_id: uuid.UUID, adding: int) -> str | None:
