@@ -4,6 +4,10 @@ step-to-next-step latency p50/p99 (a step's start minus the end of the step it w
 taken inside the step functions).
 
     python bench/code_vs_dbos.py [--server-url postgresql://postgres@127.0.0.1:5432/postgres] [--count 1000]
+                                 [--repeat 3]
+
+With --repeat N each shape runs N times, QForge and DBOS in turn (a shared, noisy host: each
+pair runs under the same load), and the medians of each figure close the output, with the ratios.
 
 QForge: two `qforge worker --concurrency 16` processes. DBOS 3.x: one process, queues of 32 with a
 0.1 s polling interval (its default is 1 s), from the venv .venv-dbos (pip install dbos).
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -118,16 +123,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--only", choices=["qforge", "dbos"], default=None)
     args = parser.parse_args()
+    rows = []
+    for _ in range(args.repeat):
+        for shape in ("sequential", "fan_out"):
+            if args.only in (None, "qforge"):
+                url = recreate(args.server_url, "qf_code_bench")
+                subprocess.run([str(QFORGE), "migrate", "--database-url", url], check=True, capture_output=True)
+                rows.append(report("qforge", shape, args.count, qforge_side(url, shape, args.count)))
+            if args.only in (None, "dbos"):
+                url = recreate(args.server_url, "dbos_code_bench")
+                rows.append(report("dbos", shape, args.count, dbos_side(url, shape, args.count)))
+    if args.repeat > 1:
+        medians(rows)
+
+
+FIGURES = ("workflows_per_s", "cpu_ms_per_step", "worker_cpu_ms_per_step", "pg_cpu_ms_per_step",
+           "step_to_step_p50_ms", "step_to_step_p99_ms")
+
+
+def medians(rows: list[dict]) -> None:
+    """The median of each figure per system and shape, and QForge's over DBOS's."""
+    table: dict[tuple[str, str], dict] = {}
+    for key in {(row["system"], row["shape"]) for row in rows}:
+        runs = [row for row in rows if (row["system"], row["shape"]) == key]
+        table[key] = {name: statistics.median(row[name] for row in runs) for name in FIGURES}
+    print(f"{'shape':11} {'system':7} " + " ".join(f"{name:>22}" for name in FIGURES))
     for shape in ("sequential", "fan_out"):
-        if args.only in (None, "qforge"):
-            url = recreate(args.server_url, "qf_code_bench")
-            subprocess.run([str(QFORGE), "migrate", "--database-url", url], check=True, capture_output=True)
-            report("qforge", shape, args.count, qforge_side(url, shape, args.count))
-        if args.only in (None, "dbos"):
-            url = recreate(args.server_url, "dbos_code_bench")
-            report("dbos", shape, args.count, dbos_side(url, shape, args.count))
+        for system in ("qforge", "dbos"):
+            if (system, shape) in table:
+                print(f"{shape:11} {system:7} " + " ".join(f"{table[system, shape][name]:22}" for name in FIGURES))
+        if ("qforge", shape) in table and ("dbos", shape) in table:
+            print(f"{shape:11} {'ratio':7} " + " ".join(
+                f"{table['qforge', shape][name] / table['dbos', shape][name]:22.2f}" for name in FIGURES))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import threading
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
 
@@ -172,22 +174,32 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
                                                          actor=actor, now=now, trace=trace)}
     # What it waited on may have finished while it ran (their advance found it running): wake it now.
     if all(name in finished for name in decided.get("waiting_on", [])):
-        if inline and not rows_in and _INLINE.get():
-            run = activate_here(conn, workflow, rows, len(runs) + 1, last["queue"], trace, actor=actor, now=now)
-            if run is not None:  # what it decided is acted on at once, as for a run that was a job
-                return advance_code(conn, cur, workflow, [*rows, run], clock, now=now, actor=actor, inline=False)
+        ran = inline and not rows_in and _INLINE.get() and _run_inline(workflow, rows)
+        if isinstance(ran, dict):  # what it decided is acted on at once, as for a run that was a job
+            run = record_inline(conn, workflow, ran, len(runs) + 1, last["queue"], trace, actor=actor, now=now)
+            return advance_code(conn, cur, workflow, [*rows, run], clock, now=now, actor=actor, inline=False)
         row = activation_row(workflow["id"], len(runs) + 1, last["queue"], workflow["tags"], due, trace)
+        if isinstance(ran, Future):  # still running: the job's run takes it over (adopt)
+            _pending_put(row["id"], ran)
         cur.execute(q("job_enqueue"), {"jobs": json.dumps([row]), "actor": actor, "now": now})
     return False
 
 
-# Set by a worker around its reports (inline_activations): the next run of a code workflow whose
-# function this process has registered runs right there, in the transaction of the report that
-# woke it, instead of as a job claimed after it: one transaction per step instead of two, and
-# no read of the history (the advance has just read it). Its log is the same as a job's run
-# (an activation row with its decisions), less the claim: a crash before the commit loses the
-# report too, and the step's attempt is recovered and run again as before.
+# Inline runs. Set by a worker around its reports (inline_activations): the next run of a code
+# workflow whose function this process has registered runs at once, against the rows the advance
+# has just read, and what it decides is written in the transaction of the report that woke it:
+# one transaction per step instead of two, no claim of the run and no read of its history. Its
+# log is a run's as a job leaves it (an activation row with its decisions), less the claim. The
+# function gets INLINE_SECONDS: one that takes longer (it is waiting on something, or the host is
+# busy) is not waited for in the transaction. The report commits with the run as a job, as
+# before, and the worker that claims that job adopts the run still going (adopt), so the
+# function runs once, and a crash from then on is a crash of that job.
+INLINE_SECONDS = 0.2
 _INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("qforge_inline_activations", default=False)
+_inline_threads = ThreadPoolExecutor(32, thread_name_prefix="qforge-inline")
+_pending: dict[str, Future] = {}  # activation job id -> its inline run, still going when it was enqueued
+_pending_lock = threading.Lock()
+PENDING_KEPT = 256  # runs whose job another worker claimed (or whose report rolled back) are forgotten
 
 
 @contextlib.contextmanager
@@ -199,16 +211,38 @@ def inline_activations() -> Iterator[None]:
         _INLINE.reset(token)
 
 
-def activate_here(conn, workflow: dict[str, Any], rows: list[dict[str, Any]], number: int, queue: str,
-                  trace: dict[str, str] | None, *, actor: str, now: datetime | None) -> dict[str, Any] | None:
-    """Run the function now (qforge.workflows.activation.activate_inline) and record the run as a
-    succeeded activation (Enqueued waiting, then Succeeded with its decisions); the run's row as
-    the history reads it, or None when it must run as a job."""
+def _run_inline(workflow: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any] | Future | None:
+    """The run's decisions; the Future of a run still going after INLINE_SECONDS; None when it must
+    run as a job (qforge.workflows.activation.activate_inline)."""
     from qforge.workflows.activation import activate_inline  # activation -> workers.tasks -> here
 
-    decided = activate_inline(workflow, rows)
-    if decided is None:
+    future = _inline_threads.submit(activate_inline, workflow, rows)
+    try:
+        return future.result(timeout=INLINE_SECONDS)
+    except TimeoutError:
+        return future
+    except BaseException:  # noqa: BLE001  (SystemExit from the function: the job's run reports it)
         return None
+
+
+def _pending_put(job_id: str, future: Future) -> None:
+    with _pending_lock:
+        _pending[job_id] = future
+        while len(_pending) > PENDING_KEPT:
+            del _pending[next(iter(_pending))]
+
+
+def adopt(job_id: uuid.UUID) -> Future | None:
+    """The inline run an activation job takes over (its result is the job's; None: the function
+    must run as a job after all), or None when there is none."""
+    with _pending_lock:
+        return _pending.pop(str(job_id), None)
+
+
+def record_inline(conn, workflow: dict[str, Any], decided: dict[str, Any], number: int, queue: str,
+                  trace: dict[str, str] | None, *, actor: str, now: datetime | None) -> dict[str, Any]:
+    """Record an inline run as a succeeded activation (Enqueued waiting, then Succeeded with its
+    decisions); the run's row as the history reads it."""
     job_id = new_id()
     base: dict[str, Any] = dict(stream_id=job_id, tags=workflow["tags"], workflow_id=workflow["id"])
     enqueued = ev.Enqueued(task=journal.TASK, queue=queue, max_retries=ACTIVATION_RETRIES, payload={"n": number},
