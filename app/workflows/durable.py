@@ -45,6 +45,7 @@ NEVER = datetime(9999, 12, 31, tzinfo=timezone.utc)  # a trigger wait without ti
 # An activation that crashes (its worker killed) runs again: a crash is not the function's fault,
 # so it gets many tries; the function's own errors end the workflow at once (activation.failed).
 ACTIVATION_RETRIES = 20
+RUNNING_FIRST = timedelta(milliseconds=1)  # see advance_code
 
 
 class CodeWorkflowSpec(Storable):
@@ -157,10 +158,13 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
         _end(conn, workflow, rows, decided["outcome"], now=now, actor=actor)
         return True
     new = [op for op in decided.get("ops", []) if op.get("op") in STEP_OPS and op["step"] not in steps]
-    # A running workflow's next step and run are due since the workflow started: among equal
-    # priorities, work of older workflows is claimed before a backlog of newer ones (the claim's
-    # order is run_at), so each workflow's step-to-step latency is not the whole backlog's.
-    due, trace = workflow["created_at"], run_trace(rows)
+    # A running workflow's next step and run are due since just before the workflow started: among
+    # equal priorities, work of older workflows is claimed before a backlog of newer ones (the
+    # claim's order is run_at), and before the first runs of workflows started at the same time
+    # (one transaction may start a thousand: their first runs are due at the same instant, and the
+    # ids of the next steps would sort after all of them), so each workflow's step-to-step latency
+    # is not the whole backlog's.
+    due, trace = workflow["created_at"] - RUNNING_FIRST, run_trace(rows)
     rows_in = [job_row(new_id(), step_event(op, clock, due, trace), workflow["tags"], workflow["id"]) for op in new]
     if rows_in and (problem := over_budget(cur, workflow["id"], len(rows_in))):
         _end(conn, workflow, rows, {"status": "failed", "reason": "too_many_jobs", "error": problem},
