@@ -25,6 +25,7 @@ from qforge.events.states import BLOCKED, CANCELLED, DEAD, PENDING, RUNNING, SUC
 from qforge.events.types import NewEvent
 from qforge import tracing
 from qforge.sql import q
+from qforge.workflows.rows import NEVER, over_job_cap
 
 NEVER_ATTEMPT = 0  # the step itself is never claimed: its failure names attempt 0
 ELEMENT_DEATHS = frozenset({DEAD, CANCELLED})
@@ -66,13 +67,12 @@ class Fanout:
                                     tags=row["tags"], workflow_id=self.workflow_id))
 
     def start(self, row: dict, spec: dict[str, Any], inputs: dict[str, Any], source_output: Any,
-              max_fan_out: int, max_workflow_jobs: int | None = None, max_fan_out_bytes: int | None = None) -> None:
+              max_fan_out: int, max_fan_out_bytes: int | None = None) -> None:
         """The step was just unblocked: wait, and enqueue its elements (or end at once). The step
         fails instead, naming the limit, when its elements would take the workflow over
         QFORGE_MAX_WORKFLOW_JOBS jobs or write more than QFORGE_MAX_FAN_OUT_BYTES of payloads
         (each element carries a copy of the step's payload: a 100 KB payload over 10,000
         elements would be a GB)."""
-        from qforge.workflows.engine import NEVER  # advance imports this module
         self._event(row, 1, ev.StepUnblocked(status=WAITING, run_at=NEVER, inputs=inputs))
         if self._summary(row)["total"]:  # resumed: the first run's elements are there, the dead reopened
             self.again = True
@@ -87,7 +87,7 @@ class Fanout:
             return
         limit = spec.get("max_parallel") or len(items)
         payload = {**row["payload"], "inputs": element_inputs(inputs, spec)}
-        problem = self._over_limits(len(items), payload, items, max_workflow_jobs, max_fan_out_bytes)
+        problem = self._over_limits(len(items), payload, items, max_fan_out_bytes)
         if problem is not None:
             self._fail(row, problem, offset=2)
             return
@@ -108,20 +108,16 @@ class Fanout:
                                  backoff_base_seconds=row["backoff_base_seconds"],
                                  backoff_cap_seconds=row["backoff_cap_seconds"], trace=carrier)))
 
-    def _over_limits(self, count: int, payload: dict[str, Any], items: list, max_jobs: int | None,
-                     max_bytes: int | None) -> str | None:
+    def _over_limits(self, count: int, payload: dict[str, Any], items: list, max_bytes: int | None) -> str | None:
         if max_bytes is not None:
             written = count * len(json.dumps(payload, default=str)) + len(json.dumps(items, default=str))
             if written > max_bytes:
                 return (f"for_each: {count} elements would write about {written} bytes of payloads, more than"
                         f" QFORGE_MAX_FAN_OUT_BYTES ({max_bytes})")
-        if max_jobs is not None:
-            self.cur.execute(q("workflow_tree_job_count"), {"id": self.workflow_id})
-            existing = self.cur.fetchone()["count"] + self.created
-            if existing + count > max_jobs:
-                return (f"for_each: {count} elements would make the workflow's jobs (with its parents' and"
-                        f" sub-workflows') {existing + count}, more than"
-                        f" QFORGE_MAX_WORKFLOW_JOBS ({max_jobs})")
+        over = over_job_cap(self.cur, self.workflow_id, self.created + count)
+        if over is not None:
+            return (f"for_each: {count} elements would make the workflow's jobs (with its parents' and"
+                    f" sub-workflows') {over[0]}, more than QFORGE_MAX_WORKFLOW_JOBS ({over[1]})")
         return None
 
     def progress(self, row: dict, spec: dict[str, Any]) -> None:

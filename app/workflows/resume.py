@@ -17,7 +17,8 @@ from datetime import datetime, timedelta, timezone
 from psycopg.rows import dict_row
 
 from qforge.workflows import dag
-from qforge.workflows.engine import advance, load, split_elements, step_state, wait_until
+from qforge.workflows.engine import advance
+from qforge.workflows.rows import load, split_elements, step_state, wait_until
 from qforge.commands.errors import Conflict, NotFound
 from qforge.events import store
 from qforge.events import types as ev
