@@ -15,7 +15,8 @@ import pytest
 APP = Path(__file__).resolve().parent.parent / "app"
 
 FORBIDDEN = {
-    "events": ("qforge.log", "qforge.audit", "qforge.commands", "qforge.api"),
+    "events": ("qforge.log", "qforge.audit", "qforge.commands", "qforge.api", "qforge.workflows", "qforge.workers",
+               "qforge.projections", "qforge.cli"),
     "log": ("qforge.api", "qforge.cli"),
     "audit": ("qforge.api", "qforge.cli"),
 }

@@ -31,6 +31,7 @@ from qforge.events import types as ev
 from qforge.events.ids import new_id
 from qforge.events.states import (CANCELLED, DEAD, JOB_ACTIVE, JOB_FINISHED, PENDING, RUNNING, SKIPPED, SUCCEEDED,
                                   WAITING)
+from qforge.events.transitions import job_died
 from qforge.events.types import NewEvent
 from qforge import tracing
 from qforge.sql import q
@@ -214,11 +215,7 @@ def _start_child(conn, workflow: dict[str, Any], op: dict[str, Any], job_id: str
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(q("job_lock"), {"ids": [job_id]})
         row = cur.fetchone()
-    base: dict[str, Any] = dict(stream_id=row["id"], tags=row["tags"], workflow_id=workflow["id"])
-    store.append(conn, [NewEvent(**base, version=row["version"] + 1, data=ev.Failed(
-                            attempt=0, reason="child_workflow", error=problem)),
-                        NewEvent(**base, version=row["version"] + 2, data=ev.DeadLettered(
-                            attempt=0, error=problem))], actor=actor, now=now)
+    store.append(conn, job_died(row, "child_workflow", problem, attempt=0), actor=actor, now=now)
     return True
 
 

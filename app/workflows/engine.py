@@ -7,7 +7,8 @@ workflow: the one lock order that keeps two steps finishing at once from
 unblocking their dependent twice. `advance` applies the DAG rules
 (qforge.workflows.dag) to the locked workflows and appends what they decide;
 a code workflow goes to qforge.workflows.durable. The job cap every starter asks
-is qforge.workflows.rows.over_job_cap.
+is qforge.workflows.rows.over_job_cap; every event it writes for a step or a workflow comes
+from a constructor of qforge.events.transitions (where a job becomes dead: job_died).
 
 Below the engine (and never importing it): rows (load, lock, the job cap), fanout,
 subflows (a child's outcome), submit (a plan, no advance), definitions, durable.
@@ -26,7 +27,10 @@ from qforge.commands.errors import CommandError, Conflict, Invalid, NotFound
 from qforge.commands.specs import WorkflowSpec
 from qforge.events import store
 from qforge.events import types as ev
-from qforge.events.states import JOB_ACTIVE, PENDING, RUNNING, WAITING, WORKFLOW_FINISHED
+from qforge.events.states import (CANCELLED, FAILED, JOB_ACTIVE, PENDING, RUNNING, SUCCEEDED, WAITING,
+                                  WORKFLOW_FINISHED)
+from qforge.events.transitions import (after, job_cancelled, job_died, job_succeeded, step_skipped,
+                                       step_triggered, step_unblocked, workflow_ended)
 from qforge.events.types import NewEvent
 from qforge.settings import get_settings
 from qforge import tracing
@@ -79,20 +83,18 @@ def _round(conn, cur, workflow: dict, steps: list[dict], clock: datetime, now: d
                       settings.max_fan_out_bytes)
         elif decision.event_type == ev.StepUnblocked.type and row["step_type"] == "workflow":
             fan.again |= _start_step_child(conn, workflow, row, spec, decision.data.get("inputs", {}),
-                                      events, actor=actor, now=now)
+                                           events, actor=actor, now=now)
         else:
-            events.append(_decision_event(row, decision, workflow_id, clock))
+            events += _decision_events(row, decision, clock)
     for row in steps:
         spec = specs.get(row["step"]) or {}
         if row["status"] == WAITING and spec.get("for_each"):
             fan.progress(row, spec)
     events += fan.events
     if verdict.workflow_event and not fan.again:
-        data: ev.EventData = (ev.WorkflowFailed(error=verdict.error)
-                              if verdict.workflow_event == ev.WorkflowFailed.type
-                              else ev.WorkflowSucceeded(result=_result(workflow, by_name)))
-        events.append(NewEvent(stream_id=workflow_id, version=workflow["version"] + 1,
-                               data=data, tags=workflow["tags"], workflow_id=workflow_id))
+        events += (workflow_ended(workflow, FAILED, error=verdict.error)
+                   if verdict.workflow_event == ev.WorkflowFailed.type
+                   else workflow_ended(workflow, SUCCEEDED, result=_result(workflow, by_name)))
     store.append(conn, events, actor=actor, now=now)
     if verdict.workflow_event and not fan.again:
         tracing.ended(next((row["trace"] for row in steps if row.get("trace")), None), "qforge.workflow.end",
@@ -104,19 +106,15 @@ def _round(conn, cur, workflow: dict, steps: list[dict], clock: datetime, now: d
 
 
 def _start_step_child(conn, workflow: dict, row: dict, spec: dict[str, Any], inputs: dict[str, Any],
-                 events: list[NewEvent], *, actor: str, now: datetime | None) -> bool:
+                      events: list[NewEvent], *, actor: str, now: datetime | None) -> bool:
     """A workflow step was unblocked: it waits for the child it starts (or dies at once if the
     child cannot start); True when it ended."""
-    base: dict[str, Any] = dict(stream_id=row["id"], tags=row["tags"], workflow_id=workflow["id"])
-    store.append(conn, [NewEvent(**base, version=row["version"] + 1,
-                                 data=ev.StepUnblocked(status=WAITING, run_at=NEVER, inputs=inputs))],
-                 actor=actor, now=now)
+    unblocked = step_unblocked(row, WAITING, NEVER, inputs=inputs)
+    store.append(conn, unblocked, actor=actor, now=now)
     child, problem = start_child(conn, row, spec, inputs, workflow, actor=actor, now=now)
     if problem is None:
         return False
-    events.append(NewEvent(**base, version=row["version"] + 2,
-                           data=ev.Failed(attempt=0, reason="child_workflow", error=problem)))
-    events.append(NewEvent(**base, version=row["version"] + 3, data=ev.DeadLettered(attempt=0, error=problem)))
+    events += job_died(after(row, unblocked), "child_workflow", problem, attempt=0)
     return True
 
 
@@ -135,21 +133,14 @@ def _result(workflow: dict, by_name: dict[str, dict]) -> Any:
     return dag.read_path(by_name[source["step"]]["result"], source.get("path"))
 
 
-def _decision_event(row: dict, decision: dag.Decision, workflow_id: uuid.UUID,
-                    now: datetime) -> NewEvent:
-    data: ev.EventData
+def _decision_events(row: dict, decision: dag.Decision, now: datetime) -> list[NewEvent]:
     if decision.event_type == ev.StepUnblocked.type:
         step_type = row["step_type"] or "task"
-        extra: dict[str, Any] = decision.data
         if step_type == "task":
-            data = ev.StepUnblocked(status=PENDING, run_at=now, **extra)
-        else:
-            data = ev.StepUnblocked(status=WAITING, run_at=wait_until(
-                step_type, row["sleep_seconds"], row["timeout_seconds"], now), **extra)
-    else:
-        data = ev.Skipped(**decision.data)
-    return NewEvent(stream_id=row["id"], version=row["version"] + 1, data=data, tags=row["tags"],
-                    workflow_id=workflow_id)
+            return step_unblocked(row, PENDING, now, **decision.data)
+        return step_unblocked(row, WAITING, wait_until(step_type, row["sleep_seconds"], row["timeout_seconds"], now),
+                              **decision.data)
+    return step_skipped(row, **decision.data)
 
 
 def start_child(conn, row: dict, spec: dict[str, Any], inputs: dict[str, Any], workflow: dict,
@@ -188,11 +179,8 @@ def finish_parent(conn, child: dict, *, wait: bool, actor: str, now: datetime | 
         outcome = subflows.child_outcome(child)
         if step is None or step["status"] != WAITING or outcome is None:
             return True
-        base: dict[str, Any] = dict(stream_id=step["id"], tags=step["tags"], workflow_id=step["workflow_id"])
-        events = [NewEvent(**base, version=step["version"] + 1, data=outcome)]
-        if isinstance(outcome, ev.Failed):
-            events.append(NewEvent(**base, version=step["version"] + 2,
-                                   data=ev.DeadLettered(attempt=0, error=outcome.error)))
+        events = (job_died(step, outcome.reason, outcome.error, attempt=outcome.attempt)
+                  if isinstance(outcome, ev.Failed) else job_succeeded(step, outcome.result))
         store.append(conn, events, actor=actor, now=now)
         advance(conn, [step["workflow_id"]], now=now, actor=actor)
         return True
@@ -250,9 +238,7 @@ def trigger(conn, workflow_id: uuid.UUID, step: str, payload: dict[str, Any] | N
                            + ("" if row["step_type"] == "wait_for_trigger"
                               else f" and is a {row['step_type'] or 'task'} step")
                            + "; only a waiting wait_for_trigger step can be triggered")
-        store.append(conn, [NewEvent(stream_id=row["id"], version=row["version"] + 1,
-                                     data=ev.Triggered(payload=payload or {}), tags=row["tags"],
-                                     workflow_id=workflow_id)], actor=actor, now=now)
+        store.append(conn, step_triggered(row, payload or {}), actor=actor, now=now)
         advance(conn, [workflow_id], now=now, actor=actor)
 
 
@@ -266,13 +252,9 @@ def cancel(conn, workflow_id: uuid.UUID, *, actor: str = "api",
         workflow, steps = load(cur, workflow_id)
         open_ids = sorted(r["id"] for r in steps if r["status"] in JOB_ACTIVE)
         cur.execute(q("job_lock"), {"ids": open_ids})
-        events = [NewEvent(stream_id=r["id"], version=r["version"] + 1,
-                           data=ev.Cancelled(reason="workflow cancelled"),
-                           tags=r["tags"], workflow_id=workflow_id)
-                  for r in cur.fetchall() if r["status"] in JOB_ACTIVE]
-        events.append(NewEvent(stream_id=workflow_id, version=workflow["version"] + 1,
-                               data=ev.WorkflowCancelled(), tags=workflow["tags"],
-                               workflow_id=workflow_id))
+        events = [event for r in cur.fetchall() if r["status"] in JOB_ACTIVE
+                  for event in job_cancelled(r, "workflow cancelled")]
+        events += workflow_ended(workflow, CANCELLED)
         store.append(conn, events, actor=actor, now=now)
         _end_children_and_tell_parent(conn, cur, workflow, actor=actor, now=now)
         tracing.ended(next((r["trace"] for r in steps if r.get("trace")), None), "qforge.workflow.end",
@@ -296,8 +278,7 @@ def fire_timers(conn, *, now: datetime | None = None, limit: int = 100,
                 actor: str = "monitor") -> int:
     """End due sleep steps and time out trigger waits; returns how many fired.
 
-    A trigger wait that times out is the other place where a step becomes
-    dead (the first is job_fail, for a worker's failed attempt)."""
+    A trigger wait that times out dies (transitions.job_died)."""
     clock = now or datetime.now(timezone.utc)
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(q("job_due_timers"), {"now": clock, "limit": limit})
@@ -310,19 +291,11 @@ def fire_timers(conn, *, now: datetime | None = None, limit: int = 100,
             row = cur.fetchone()
             if row is None or row["status"] != WAITING or row["run_at"] > clock:
                 continue  # triggered or cancelled meanwhile
-            base: dict[str, Any] = dict(stream_id=row["id"], tags=row["tags"],
-                                        workflow_id=row["workflow_id"])
             if row["step_type"] == "sleep":
-                events = [NewEvent(**base, version=row["version"] + 1, data=ev.Succeeded(
-                    result={"slept_seconds": row["sleep_seconds"]}))]
+                events = job_succeeded(row, {"slept_seconds": row["sleep_seconds"]})
             else:
-                error = f"trigger wait timed out after {row['timeout_seconds']:g}s"
-                events = [
-                    NewEvent(**base, version=row["version"] + 1, data=ev.Failed(
-                        attempt=row["attempts"], reason="timeout", error=error)),
-                    NewEvent(**base, version=row["version"] + 2, data=ev.DeadLettered(
-                        attempt=row["attempts"], error=error)),
-                ]
+                events = job_died(row, "timeout", f"trigger wait timed out after {row['timeout_seconds']:g}s",
+                                  attempt=row["attempts"])
             store.append(conn, events, actor=actor, now=now)
             advance(conn, [row["workflow_id"]], now=now, actor=actor)
             fired += 1
@@ -349,14 +322,10 @@ def fire_deadlines(conn, *, now: datetime | None = None, limit: int = 100,
                 continue  # finished or resumed meanwhile
             cur.execute(q("job_lock"), {"ids": sorted(r["id"] for r in steps if r["status"] in JOB_ACTIVE)})
             reason = f"deadline of {workflow['deadline_seconds']:g}s passed"
-            events = [NewEvent(stream_id=r["id"], version=r["version"] + 1,
-                               data=(ev.Cancelled(reason=f"workflow {reason}") if r["status"] == RUNNING
-                                     else ev.Skipped(reason=f"workflow {reason}")),
-                               tags=r["tags"], workflow_id=workflow_id)
-                      for r in cur.fetchall() if r["status"] in JOB_ACTIVE]
-            events.append(NewEvent(stream_id=workflow_id, version=workflow["version"] + 1,
-                                   data=ev.WorkflowFailed(error=f"deadline: {reason}", reason="deadline"),
-                                   tags=workflow["tags"], workflow_id=workflow_id))
+            events = [event for r in cur.fetchall() if r["status"] in JOB_ACTIVE
+                      for event in (job_cancelled(r, f"workflow {reason}") if r["status"] == RUNNING
+                                    else step_skipped(r, f"workflow {reason}"))]
+            events += workflow_ended(workflow, FAILED, error=f"deadline: {reason}", reason="deadline")
             store.append(conn, events, actor=actor, now=now)
             _end_children_and_tell_parent(conn, cur, workflow, actor=actor, now=now)
             fired += 1
