@@ -115,10 +115,7 @@ BEGIN
     applied := 0;
     WHILE applied < expected_jobs LOOP
         UPDATE jobs j SET
-            version = e.version,
-            updated_at = e.occurred_at,
-            last_position = e.position,
-            chain = e.hash,
+            version = e.version, updated_at = e.occurred_at, last_position = e.position, chain = e.hash,
             status = coalesce(state_target('job', j.status, e.type, e.d ->> 'status'),
                               state_refuse('job', j.status, e.type, e.d ->> 'status', e.stream_id)),
             -- every claim bumps attempts: the fencing token of later reports
@@ -204,10 +201,7 @@ BEGIN
     applied := 0;
     WHILE applied < expected_workflows LOOP
         UPDATE workflows w SET
-            version = e.version,
-            updated_at = e.occurred_at,
-            last_position = e.position,
-            chain = e.hash,
+            version = e.version, updated_at = e.occurred_at, last_position = e.position, chain = e.hash,
             status = coalesce(state_target('workflow', w.status, e.type, NULL),
                               state_refuse('workflow', w.status, e.type, NULL, e.stream_id)),
             -- a resumed workflow runs again: no error, no end, no result yet
