@@ -73,11 +73,16 @@ class Reconnecting:
 
     def close(self) -> None:
         conn, self.conn = self.conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # closing a broken connection must not mask why it broke
-                log.debug("error closing a connection", exc_info=True)
+        close_quietly(conn)
+
+
+def close_quietly(conn: psycopg.Connection | None) -> None:
+    """Close `conn` if any, logging (at debug) rather than raising what closing a broken one raises."""
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:  # closing a broken connection must not mask why it broke
+            log.debug("error closing a connection", exc_info=True)
 
 
 def describe(exc: BaseException) -> str:

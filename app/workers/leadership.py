@@ -31,7 +31,7 @@ from psycopg.rows import tuple_row
 from qforge.db import behind_pooler, direct_url
 from qforge.settings import Settings
 from qforge.sql import q
-from qforge.workers.connection import TRANSIENT_ERRORS, connect, describe
+from qforge.workers.connection import TRANSIENT_ERRORS, close_quietly, connect, describe
 
 log = logging.getLogger("qforge.monitor")
 
@@ -86,11 +86,7 @@ class Leadership:
     def release(self) -> None:
         """Close the lock's own connection (frees the lock now rather than when the server notices)."""
         conn, self.conn = self.conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # closing a broken connection must not mask why it broke
-                log.debug("error closing a connection", exc_info=True)
+        close_quietly(conn)
 
 
 def _try(conn: psycopg.Connection, statement: str) -> bool:

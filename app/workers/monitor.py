@@ -39,7 +39,7 @@ from qforge.settings import Settings, get_settings
 from qforge.warn_once import OncePerInterval
 from qforge.sql import q
 from qforge.db import direct_url
-from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, connect, describe
+from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, close_quietly, connect, describe
 from qforge.workers.leadership import Leadership
 
 log = logging.getLogger("qforge.monitor")
@@ -113,7 +113,7 @@ class Monitor:
                             outage_since = time.monotonic()
                             log.warning("database unavailable (%s)%s; reconnecting", describe(exc),
                                         ": no longer leading" if leader else "")
-                        _close(conn)
+                        close_quietly(conn)
                         self.lead.release()
                         conn, leader = None, False
                     else:  # a deadlock or a cancelled statement: the session (and its lock) survive
@@ -123,7 +123,7 @@ class Monitor:
                     log.exception("unexpected database error; retrying")
                     self._sleep(max(tick, backoff.next_delay()))
         finally:
-            _close(conn)  # frees the lock now rather than when the server notices
+            close_quietly(conn)  # frees the lock now rather than when the server notices
             self.lead.release()
             if self.keeper is not None:
                 self.keeper.stop()
@@ -304,14 +304,6 @@ class LogKeeper(threading.Thread):
             boundary = conn.execute(q("archive_close_current")).fetchone()[0]
             log.info("closed the partition being written (its oldest event is older than %s):"
                      " new appends start at position %d", max_age, boundary)
-
-
-def _close(conn: psycopg.Connection | None) -> None:
-    if conn is not None:
-        try:
-            conn.close()
-        except Exception:  # closing a broken connection must not mask why it broke
-            log.debug("error closing a connection", exc_info=True)
 
 
 def _drain(batch: Callable[[], list]) -> list:
