@@ -31,7 +31,7 @@ from cluster_procs import Enqueuer, RetryingClient, assert_exactly_once, start_a
 from pgcluster import free_port, server_user
 from qforge.db import ROLE_KINDS, role_name
 from test_sse import SSEReader
-from test_worker_support import FAST_ENV, Proc, Processes, tasks_dir, wait_for  # noqa: F401  (fixture)
+from test_worker_support import Proc, Processes, tasks_dir, wait_for  # noqa: F401  (fixture)
 
 PGBOUNCER = next((p for p in ("/usr/sbin/pgbouncer", shutil.which("pgbouncer")) if p and os.path.exists(p)), None)
 pytestmark = pytest.mark.skipif(PGBOUNCER is None, reason="pgbouncer is not installed (Debian's package"
@@ -298,3 +298,4 @@ def test_behind_pgbouncer_without_a_direct_url_polls_and_still_elects_one_leader
     leader.signal(signal.SIGKILL)
     other.wait_log("is the leader", timeout=20)
     _assert_clean(behind, bouncer)
+

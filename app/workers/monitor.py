@@ -89,18 +89,8 @@ class Monitor:
                             log.info("database back after %.1fs; recovering stale jobs again in %gs",
                                      time.monotonic() - outage_since, self.settings.stale_seconds)
                             outage_since = None
-                    if leader and not self.lead.holds():
-                        leader = False
-                        log.warning("monitor %s no longer leads", self.name)
-                    if not leader:
-                        leader = self.lead.take(conn)
-                        if leader:
-                            log.info("monitor %s is the leader", self.name)
-                            waiting_logged = False
-                            self._start_keeper()
-                        elif not waiting_logged:
-                            log.info("monitor %s is waiting: another monitor leads", self.name)
-                            waiting_logged = True
+                    if not (leader and self.lead.holds()):
+                        leader, waiting_logged = self._compete(conn, leader, waiting_logged)
                     pause = tick
                     if leader:
                         self.tick(conn)
@@ -129,6 +119,18 @@ class Monitor:
                 self.keeper.stop()
         log.info("monitor %s stopped", self.name)
         return 0
+
+    def _compete(self, conn: psycopg.Connection, was_leader: bool, waiting_logged: bool) -> tuple[bool, bool]:
+        """Try to lead (again, if `was_leader` and the lock was lost): (leading now, "waiting" said)."""
+        if was_leader:
+            log.warning("monitor %s no longer leads", self.name)
+        if self.lead.take(conn):
+            log.info("monitor %s is the leader", self.name)
+            self._start_keeper()
+            return True, False
+        if not waiting_logged:
+            log.info("monitor %s is waiting: another monitor leads", self.name)
+        return False, True
 
     def _start_keeper(self) -> None:
         """The leader keeps the log: closes, archives and packs partitions (once started it goes
