@@ -63,3 +63,17 @@ def test_migrate_behind_the_pooler_runs_on_the_direct_url_or_refuses_without_one
     assert done.returncode == 0, done.stderr
     with psycopg.connect(empty_db_url) as conn:
         assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 0
+
+
+def test_the_direct_url_logs_in_as_the_process_unless_it_names_a_user() -> None:
+    from qforge.db import direct_url, pooler_kwargs
+    from qforge.settings import Settings
+
+    own = "postgresql://qforge_worker:pw@bouncer:6432/qforge"
+    assert direct_url(own, Settings()) == own and pooler_kwargs(Settings()) == {}  # no pooler: nothing changes
+    pooled = Settings(pooler="transaction")
+    assert direct_url(own, pooled) is None and pooler_kwargs(pooled) == {"prepare_threshold": None}
+    listen = Settings(pooler="transaction", listen_database_url="postgresql://db:5432/qforge")
+    assert direct_url(own, listen) == "postgresql://qforge_worker:pw@db:5432/qforge"
+    named = Settings(pooler="transaction", listen_database_url="postgresql://listener:x@db:5432/qforge")
+    assert direct_url(own, named) == "postgresql://listener:x@db:5432/qforge"
