@@ -54,6 +54,16 @@ RETURNING stream_id AS id
 -- connection ends (so a dead leader frees it without anyone's help).
 SELECT pg_try_advisory_lock(%(key)s)
 
+-- name: monitor_try_lead_xact
+-- The same lock for the length of the transaction: behind a transaction pooler
+-- without a direct connection the leader keeps that transaction open
+-- (qforge.workers.leadership says why that is safe).
+SELECT pg_try_advisory_xact_lock(%(key)s)
+
+-- name: monitor_still_leads
+-- The leader's transaction is still there (behind a transaction pooler).
+SELECT 1
+
 -- name: counters_compact
 -- Fold the counters' deltas into queue_counts (rows, see definitions/35_counters.sql).
 SELECT queue_counts_compact() AS rows
