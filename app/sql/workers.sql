@@ -46,11 +46,7 @@ WITH fence(event) AS (VALUES ('Released')), fenced AS (
     SELECT f.*, jsonb_build_object('attempt', f.attempts, 'reason', %(reason)s::text) AS data
       FROM fenced f
 )
-INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
-SELECT 'job', t.id, t.version + 1, 'Released', t.data, t.workflow_id, t.at, %(actor)s,
-       event_hash(t.chain, 'job', t.id, t.version + 1, 'Released', 1::smallint, t.data, NULL,
-                  t.workflow_id, t.at, %(actor)s)
-  FROM target t
+-- include: job_report_append
 RETURNING stream_id AS id
 
 -- name: monitor_try_lead
