@@ -42,6 +42,27 @@ SELECT 'job', i.id, 1, 'Enqueued', i.data, i.tags, i.workflow_id, i.at, %(actor)
  WHERE NOT i.data ? 'idempotency_key' OR i.id IN (SELECT stream_id FROM keyed)
 RETURNING stream_id
 
+-- name: job_enqueue_many
+-- job_enqueue for a batch that shares its task and options (qforge.enqueue_many):
+-- the shared Enqueued data comes once, and a job's payload, when it has one, is
+-- added to it here, so no document per job is built by the caller or parsed
+-- by the database. ids: a uuid[]; payloads: a JSON array beside them (null, or
+-- null and {} in it: no payload; ROWS FROM pads the shorter list with nulls).
+WITH input AS (
+    SELECT j.id,
+           CASE WHEN j.payload IS NULL OR j.payload IN ('null', '{}') THEN %(data)s::jsonb
+                ELSE %(data)s::jsonb || jsonb_build_object('payload', j.payload) END AS data
+      FROM ROWS FROM (unnest(%(ids)s::uuid[]), jsonb_array_elements(%(payloads)s::jsonb)) AS j(id, payload)
+)
+INSERT INTO events (stream_type, stream_id, version, type, data, tags, workflow_id, occurred_at, actor,
+                    hash)
+SELECT 'job', i.id, 1, 'Enqueued', i.data, %(tags)s::jsonb, NULL, coalesce(%(now)s::timestamptz, now()),
+       %(actor)s,
+       event_hash_fixed(NULL, i.id, 1, (SELECT event_canonical_v1_fixed(1::smallint,
+                            coalesce(%(now)s::timestamptz, now()), 'job', 'Enqueued', %(actor)s)),
+                        NULL, %(tags)s::jsonb, i.data)
+  FROM input i
+
 -- name: job_ids_by_idempotency_key
 SELECT stream_id, key FROM idempotency_keys WHERE stream_type = 'job' AND key = ANY(%(keys)s::text[])
 
