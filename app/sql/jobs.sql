@@ -6,7 +6,8 @@ SELECT j.id, j.data, nullif(j.tags, '{}') AS tags, j.workflow_id,
   FROM jsonb_to_recordset(%(jobs)s::jsonb) AS j(id uuid, data jsonb, tags jsonb, workflow_id uuid)
 
 -- name: job_enqueue_append
--- Their Enqueued events (where they say `-- include: job_enqueue_append`),
+-- Their Enqueued events, and job_enqueue_many's (where they say
+-- `-- include: job_enqueue_append`),
 -- one per row of `input`. A stream's first event carries its tags; its hash
 -- starts the stream's chain (event_hash_fixed: the encoding's part shared by
 -- the statement's events is computed once, see 10_log.sql).
@@ -52,17 +53,12 @@ RETURNING stream_id
 WITH input AS (
     SELECT j.id,
            CASE WHEN j.payload IS NULL OR j.payload IN ('null', '{}') THEN %(data)s::jsonb
-                ELSE %(data)s::jsonb || jsonb_build_object('payload', j.payload) END AS data
+                ELSE %(data)s::jsonb || jsonb_build_object('payload', j.payload) END AS data,
+           nullif(%(tags)s::jsonb, '{}') AS tags, NULL::uuid AS workflow_id,
+           coalesce(%(now)s::timestamptz, now()) AS at
       FROM ROWS FROM (unnest(%(ids)s::uuid[]), jsonb_array_elements(%(payloads)s::jsonb)) AS j(id, payload)
 )
-INSERT INTO events (stream_type, stream_id, version, type, data, tags, workflow_id, occurred_at, actor,
-                    hash)
-SELECT 'job', i.id, 1, 'Enqueued', i.data, %(tags)s::jsonb, NULL, coalesce(%(now)s::timestamptz, now()),
-       %(actor)s,
-       event_hash_fixed(NULL, i.id, 1, (SELECT event_canonical_v1_fixed(1::smallint,
-                            coalesce(%(now)s::timestamptz, now()), 'job', 'Enqueued', %(actor)s)),
-                        NULL, %(tags)s::jsonb, i.data)
-  FROM input i
+-- include: job_enqueue_append
 
 -- name: job_ids_by_idempotency_key
 SELECT stream_id, key FROM idempotency_keys WHERE stream_type = 'job' AND key = ANY(%(keys)s::text[])
