@@ -19,6 +19,7 @@ from qforge import tracing
 from qforge.api import dashboard_states, errors
 from qforge.api.routes import (compat, definitions, events, executions, jobs, keys, operations, queues, schedules,
                                stats, tokens, workflows)
+from qforge.api.asgi import HttpMiddleware
 from qforge.api.auth import api_routes, authorize, refuse_unguarded
 from qforge.api.consistency import WriteLsnHeaders
 from qforge.api.deps import Resources
@@ -37,16 +38,17 @@ def is_json(content_type: bytes) -> bool:
     return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
 
 
-class BodyLimit:
+class BodyLimit(HttpMiddleware):
     """413 for a body over the limit, by its Content-Length or by counting what arrives
     (a chunked body has no length); 415 for a body that is not JSON. The body is read here,
     at most limit + one chunk, then handed on to the app unchanged."""
 
     def __init__(self, app: ASGIApp, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+        super().__init__(app)
+        self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
@@ -125,17 +127,10 @@ DOCS_PAGE = """<!doctype html>
 """
 
 
-class SecurityHeaders:
+class SecurityHeaders(HttpMiddleware):
     """Adds SECURITY_HEADERS to every HTTP response (a header the route set itself wins)."""
 
-    def __init__(self, app: ASGIApp):
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers") or [])

@@ -155,9 +155,10 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def _healthy(port: int) -> bool:
+def healthy(base_url: str) -> bool:
+    """Does the API at `base_url` answer /healthz (the tests wait on it too)?"""
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200
+        return httpx.get(f"{base_url}/healthz", timeout=1.0).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -183,7 +184,7 @@ class Supervisor:
             now = time.monotonic()
             for child in self.children:
                 self._watch(child, now)
-            if not announced and _healthy(self.port):
+            if not announced and healthy(f"http://127.0.0.1:{self.port}"):
                 announced = True
                 _say(f"ready: dashboard and API on http://127.0.0.1:{self.port}, workers on queues "
                      f"{self.queues}, database {self.database_url} (Ctrl-C stops)")

@@ -77,6 +77,8 @@ class AsyncClient(Routes, ManageRoutes):
     async def events(self, after: str | int | None = None, *, retry_seconds: float = 0.5,
                      **filters: Any) -> AsyncIterator[Any]:
         """As Client.events: typed events, resumed from the last one after a dropped connection."""
+        # The same loop as Client.events with awaits: what the two can share without an async
+        # bridge (Resume, SseParser in qforge.client.sse) is shared; the I/O calls cannot be.
         resume = Resume(after, filters)
         while True:
             try:
