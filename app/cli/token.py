@@ -24,8 +24,6 @@ def cli_actor() -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Exit 0: done; 1: refused (bad name, unknown or revoked token) or the database failed."""
-    # Opens as `qforge migrate` does (database_url, one connection, complain): alike in shape
-    # only, the actions and the errors each one expects differ.
     url = database_url("token", args.database_url)
     if url is None:
         return 1

@@ -14,6 +14,52 @@
 -- concurrent writer appended the same version first, or the stream does not
 -- exist) fails the statement that appended it, as does a transition the state
 -- machine does not allow.
+--
+-- What each event type changes: every event sets version, updated_at,
+-- last_position and chain, and status by the state machine (state_target, from
+-- app/events/states.py); besides those, the columns below. A new event type is
+-- added here, in its table and in the rules it names, and tests/test_fold_table.py
+-- checks these tables against the state machine's event types and against the
+-- rules of the two UPDATEs (a rule that names an event the table does not list
+-- for its column, or the other way round, fails it).
+--
+-- job event       sets
+-- --------------  ----------------------------------------------------------
+-- Enqueued        the new row (INSERT INTO jobs below)
+-- Claimed         attempts, worker, heartbeat_at, started_at
+-- Heartbeat       heartbeat_at
+-- Succeeded       result, finished_at
+-- Failed          result (when the report has one), last_error
+-- Retried         free_attempts (when manual), run_at, finished_at
+-- DeadLettered    last_error (when given), finished_at
+-- Released        free_attempts, run_at
+-- Cancelled       last_error (when given), finished_at
+-- Skipped         last_error (when given), finished_at
+-- Triggered       result, finished_at
+-- StepUnblocked   run_at, payload, started_at (when it starts waiting)
+-- StepReopened    free_attempts, run_at, result, last_error, started_at, finished_at
+--
+-- workflow event     sets
+-- -----------------  -------------------------------------------------------
+-- WorkflowSubmitted  the new row (INSERT INTO workflows below)
+-- WorkflowSucceeded  error, finished_at, result
+-- WorkflowFailed     error, finished_at
+-- WorkflowCancelled  error, finished_at
+-- WorkflowResumed    error, finished_at, result, deadline_at
+
+-- A round of the fold's UPDATEs (below) applied `done` more events of a stream type,
+-- `applied` before it, `expected` in all: how many now. A round that applies
+-- none while some are left means they do not follow their stream's version.
+CREATE OR REPLACE FUNCTION events_project_round(p_stream_type text, p_applied bigint, p_done bigint,
+                                                p_expected bigint) RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_done = 0 AND p_applied < p_expected THEN
+        RAISE EXCEPTION '% events out of order: % of % did not follow their stream''s version'
+                        ' (a concurrent append of the same version, or an unknown stream)',
+                        p_stream_type, p_expected - p_applied, p_expected USING ERRCODE = 'unique_violation';
+    END IF;
+    RETURN p_applied + p_done;
+END $$;
 
 CREATE OR REPLACE FUNCTION events_project() RETURNS trigger LANGUAGE plpgsql
 -- The sets folded here are small next to the tables they update: every join
@@ -69,10 +115,7 @@ BEGIN
     applied := 0;
     WHILE applied < expected_jobs LOOP
         UPDATE jobs j SET
-            version = e.version,
-            updated_at = e.occurred_at,
-            last_position = e.position,
-            chain = e.hash,
+            version = e.version, updated_at = e.occurred_at, last_position = e.position, chain = e.hash,
             status = coalesce(state_target('job', j.status, e.type, e.d ->> 'status'),
                               state_refuse('job', j.status, e.type, e.d ->> 'status', e.stream_id)),
             -- every claim bumps attempts: the fencing token of later reports
@@ -130,14 +173,8 @@ BEGIN
                 OFFSET 0) e
          WHERE j.id = e.stream_id AND e.version = j.version + 1;
         GET DIAGNOSTICS done = ROW_COUNT;
-        EXIT WHEN done = 0;
-        applied := applied + done;
+        applied := events_project_round('job', applied, done, expected_jobs);
     END LOOP;
-    IF applied <> expected_jobs THEN
-        RAISE EXCEPTION 'job events out of order: % of % did not follow their stream''s version'
-                        ' (a concurrent append of the same version, or an unknown stream)',
-                        expected_jobs - applied, expected_jobs USING ERRCODE = 'unique_violation';
-    END IF;
 
     -- New workflows, then the later events of workflows.
     IF new_workflows > 0 THEN
@@ -164,10 +201,7 @@ BEGIN
     applied := 0;
     WHILE applied < expected_workflows LOOP
         UPDATE workflows w SET
-            version = e.version,
-            updated_at = e.occurred_at,
-            last_position = e.position,
-            chain = e.hash,
+            version = e.version, updated_at = e.occurred_at, last_position = e.position, chain = e.hash,
             status = coalesce(state_target('workflow', w.status, e.type, NULL),
                               state_refuse('workflow', w.status, e.type, NULL, e.stream_id)),
             -- a resumed workflow runs again: no error, no end, no result yet
@@ -188,13 +222,8 @@ BEGIN
          WHERE e.stream_type = 'workflow' AND e.version > 1
            AND w.id = e.stream_id AND e.version = w.version + 1;
         GET DIAGNOSTICS done = ROW_COUNT;
-        EXIT WHEN done = 0;
-        applied := applied + done;
+        applied := events_project_round('workflow', applied, done, expected_workflows);
     END LOOP;
-    IF applied <> expected_workflows THEN
-        RAISE EXCEPTION 'workflow events out of order: % of % did not follow their stream''s version',
-                        expected_workflows - applied, expected_workflows USING ERRCODE = 'unique_violation';
-    END IF;
 
     -- Tags never change after creation, so tag search is an insert-only table.
     IF tagged > 0 THEN
@@ -209,6 +238,4 @@ END $$;
 
 -- The live projection: every INSERT INTO events folds its events in the
 -- inserting statement, so the read model can never lag or drift from the log.
-CREATE OR REPLACE TRIGGER events_project AFTER INSERT ON events
-    REFERENCING NEW TABLE AS new_events
-    FOR EACH STATEMENT EXECUTE FUNCTION events_project();
+SELECT events_fold_with('events_project', 'events_project');
