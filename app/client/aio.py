@@ -77,8 +77,6 @@ class AsyncClient(Routes, ManageRoutes):
     async def events(self, after: str | int | None = None, *, retry_seconds: float = 0.5,
                      **filters: Any) -> AsyncIterator[Any]:
         """As Client.events: typed events, resumed from the last one after a dropped connection."""
-        # The same loop as Client.events with awaits: what the two can share without an async
-        # bridge (Resume, SseParser in qforge.client.sse) is shared; the I/O calls cannot be.
         resume = Resume(after, filters)
         while True:
             try:
@@ -90,9 +88,8 @@ class AsyncClient(Routes, ManageRoutes):
                     else:
                         parser = SseParser()
                         async for line in response.aiter_lines():
-                            if (found := parser.read(line)) is not None:
-                                resume.received(found[0])
-                                yield found[1]
+                            if (event := resume.read(parser, line)) is not None:
+                                yield event
             except httpx.TransportError:
                 pass
             resume.dropped()
