@@ -63,6 +63,8 @@ def create_workflow(body: WorkflowBody, conn: Conn, response: Response, actor: A
     return {key: view[key] for key in ("id", "name", "status", "steps", "code")}
 
 
+# Shaped like GET /jobs and GET /jobs/{id} (routes/jobs.py): one route per resource, which is how
+# the contract reads; what they do alike (bad_query, tags_of, as_of_view) is shared already.
 @router.get("/workflows", response_model=WorkflowList, responses=ERRORS)
 def list_workflows(conn: ReadConn, status: Annotated[WorkflowStatus | None, Query()] = None,
                    tag: tag_query = None, limit: limit_query = 50,
