@@ -55,6 +55,45 @@ def emit(result: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def driver_arguments(verbs: list[str], **defaults: Any) -> "argparse.Namespace":
+    """The command line every driver takes: a verb, --url, --jobs, --batch, --interval,
+    --latency-dir, and the driver's own options given as name=default."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command", choices=verbs)
+    parser.add_argument("--url", required=True)
+    options = {"jobs": 100_000, "batch": 1000, "interval": 0.01, **defaults}
+    for name, default in options.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    parser.add_argument("--latency-dir", default=os.environ.get("BENCH_LATENCY_DIR", "/tmp"),
+                        help="where the latency task writes its start times (workers: BENCH_LATENCY_DIR)")
+    return parser.parse_args()
+
+
+def run_on_uvloop(coroutine: Any) -> Any:
+    """Run an async driver verb on uvloop when its venv has it (PgQueuer's `pgq run` and Oban's CLI
+    do: their best configuration), else on asyncio's own loop."""
+    try:
+        from uvloop import run
+    except ImportError:
+        import asyncio
+
+        run = asyncio.run
+    return run(coroutine)
+
+
+def batch_sizes(jobs: int, batch: int) -> list[int]:
+    """`jobs` cut into batches of at most `batch`."""
+    return [min(batch, jobs - lo) for lo in range(0, jobs, batch)]
+
+
+def emit_rate(jobs: int, started: float) -> None:
+    """The enqueue verb's answer: `jobs` since perf_counter() read `started`."""
+    elapsed = time.perf_counter() - started
+    emit({"jobs": jobs, "seconds": elapsed, "jobs_per_s": jobs / elapsed})
+
+
 def parse_result(stdout: str) -> dict[str, Any]:
     for line in reversed(stdout.splitlines()):
         if line.startswith("RESULT "):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-NAMES = {"qforge": "QForge", "pgqueuer": "PgQueuer", "procrastinate": "Procrastinate"}
+NAMES = {"qforge": "QForge", "pgqueuer": "PgQueuer", "procrastinate": "Procrastinate", "oban": "Oban",
+         "dbos": "DBOS"}
 
 # The fold issue's targets. Peer-relative goals compare figures of the same run.
 DRAIN_OVER_PEER_BEST = 1.3
