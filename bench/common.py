@@ -55,7 +55,18 @@ def emit(result: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def driver_arguments(verbs: list[str], **defaults: Any) -> "argparse.Namespace":
+def admin_parser(doc: str, *, repeat: int = 3) -> Any:
+    """The argument parser of a script that creates its own databases beside --database-url:
+    that option and --repeat; the script adds its own."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--database-url", required=True, help="admin URL; databases are created beside it")
+    parser.add_argument("--repeat", type=int, default=repeat)
+    return parser
+
+
+def driver_arguments(verbs: list[str], **defaults: Any) -> Any:
     """The command line every driver takes: a verb, --url, --jobs, --batch, --interval,
     --latency-dir, and the driver's own options given as name=default."""
     import argparse
@@ -83,6 +94,28 @@ def run_on_uvloop(coroutine: Any) -> Any:
     return run(coroutine)
 
 
+DRIVER_VERBS = ["setup", "enqueue", "worker", "latency"]
+
+
+def driver_main(verbs: dict[str, Any], run: Any = None, **defaults: Any) -> None:
+    """A driver's main: parse its command line (driver_arguments) and run the verb's function of
+    `verbs` (the driver's globals()), through `run` for coroutines (asyncio.run, run_on_uvloop)."""
+    args = driver_arguments(DRIVER_VERBS, **defaults)
+    done = verbs[args.command](args)
+    if run is not None:
+        run(done)
+
+
+async def paced(jobs: int, interval: float, send: Any) -> None:
+    """The latency verb's loop: `await send()` `jobs` times, `interval` seconds apart, then its RESULT."""
+    import asyncio
+
+    for _ in range(jobs):
+        await send()
+        await asyncio.sleep(interval)
+    emit({"sent": jobs})
+
+
 def batch_sizes(jobs: int, batch: int) -> list[int]:
     """`jobs` cut into batches of at most `batch`."""
     return [min(batch, jobs - lo) for lo in range(0, jobs, batch)]
@@ -99,6 +132,42 @@ def parse_result(stdout: str) -> dict[str, Any]:
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     raise RuntimeError(f"no RESULT line in driver output:\n{stdout[-2000:]}")
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 nobody listens on right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_api(url: str, log: Any, *, timeout: float = 60) -> tuple[Any, str]:
+    """A `qforge api` (this interpreter's qforge) serving database `url` on a free port, in its own
+    session, output to `log` (a file or subprocess.DEVNULL), once /healthz answers: (the process,
+    its base URL). (httpx and qforge: the project's venv only.)"""
+    import subprocess
+
+    import httpx
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "QFORGE_LOG_LEVEL": "WARNING"}
+    process = subprocess.Popen([sys.executable, "-m", "qforge.cli", "api", "--database-url", url, "--port", str(port)],
+                               stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return process, base
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"qforge api did not start (exit {process.poll()}; output in {getattr(log, 'name', '-')})")
+        time.sleep(0.2)
 
 
 # --- CPU -----------------------------------------------------------------------

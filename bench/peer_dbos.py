@@ -32,7 +32,7 @@ import sqlalchemy as sa
 from dbos import DBOS, DBOSClient, DBOSConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import batch_sizes, driver_arguments, emit, emit_rate, record_start  # noqa: E402
+from common import batch_sizes, driver_main, emit, emit_rate, record_start  # noqa: E402
 
 QUEUE = "bench"
 LATENCY_DIR = os.environ.get("BENCH_LATENCY_DIR", "/tmp")
@@ -95,8 +95,7 @@ def latency(args) -> None:
 
 
 def main() -> None:
-    args = driver_arguments(["setup", "enqueue", "worker", "latency"], concurrency=100, polling_interval=0.05)
-    globals()[args.command](args)
+    driver_main(globals(), concurrency=100, polling_interval=0.05)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from oban import Oban, job
 from oban.schema import install_sql
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import batch_sizes, driver_arguments, emit, emit_rate, record_start, run_on_uvloop  # noqa: E402
+from common import batch_sizes, driver_main, emit_rate, paced, record_start, run_on_uvloop  # noqa: E402
 
 LATENCY_DIR = os.environ.get("BENCH_LATENCY_DIR", "/tmp")
 
@@ -75,16 +75,12 @@ async def worker(args) -> None:
 
 async def latency(args) -> None:
     oban, pool = await client(args)
-    for _ in range(args.jobs):
-        await oban.enqueue(latency_job.new(time.time()))
-        await asyncio.sleep(args.interval)
+    await paced(args.jobs, args.interval, lambda: oban.enqueue(latency_job.new(time.time())))
     await pool.close()
-    emit({"sent": args.jobs})
 
 
 def main() -> None:
-    args = driver_arguments(["setup", "enqueue", "worker", "latency"], limit=100)
-    run_on_uvloop(globals()[args.command](args))
+    driver_main(globals(), run_on_uvloop, limit=100)
 
 
 if __name__ == "__main__":

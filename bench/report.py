@@ -59,7 +59,6 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
     p50_peer, p50_best = _best_peer(results, "latency", "p50_ms")
     p99_peer, p99_best = _best_peer(results, "latency", "p99_ms")
     pgq_best_drain = (_get(results, "drain", "pgqueuer", "drain_jobs_per_s") or {}).get("max")
-    claim = _get(results, "claim", "ratio") or {}
     sse = _get(results, "sse") or {}
     worst_sse = max(sse.get("raw") or [{}], key=lambda rep: rep.get("ratio_p99", 0))
     name = lambda peer: NAMES.get(peer, peer) if peer else None  # noqa: E731
@@ -226,7 +225,7 @@ def markdown_table(results: dict[str, Any]) -> str:
         f"{NAMES[n]} {versions[n]}" if n in versions else NAMES[n] for n in systems) + " |"
     lines = [header, "|" + " --- |" * (len(systems) + 1)]
     lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows]
-    lines += ["", "| goal (#33) | QForge | compared to | its figure | ratio | bar | met |",
+    lines += ["", "| goal (#33) | QForge | compared to | its figure | ratio | bar for the ratio | met |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for goal in results.get("goals", []):
         met = {True: "yes", False: "**no**", None: "not measured"}[goal["met"]]

@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -37,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
 import psycopg  # noqa: E402
 
-from common import parse_result, summarize  # noqa: E402
+from common import parse_result, start_api, summarize  # noqa: E402
 from harness import Bench, System, ensure_venv, python312, python_of  # noqa: E402
 from perf_profile import Recording  # noqa: E402
 from qf_history import KEPT_HISTORY  # noqa: E402
@@ -218,10 +217,22 @@ def run_claim(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
             "ratio": summarize(ratios), "ratio_complete": summarize(ratios_complete)}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+class LoadSampler:
+    """The 1-minute load average every 10 s while the run lasts (os.getloadavg)."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        self.samples: list[float] = [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _sample(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class ForeignXminWatch:
@@ -260,26 +271,15 @@ class ForeignXminWatch:
 
 
 def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
-    import httpx
-
     url = bench.fresh_database(bench.name("sse"))
-    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "QFORGE_LOG_LEVEL": "WARNING"}
     api_log = open(bench.log_dir / "sse-api.log", "w")
-    api = subprocess.Popen([sys.executable, "-m", "qforge.cli", "api", "--database-url", url, "--port", str(port)],
-                           stdout=api_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    api = None
     reps = []
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if api.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"qforge api did not start; see {bench.log_dir / 'sse-api.log'}")
-            time.sleep(0.2)
+        api, base = start_api(url, api_log)
+        port = base.rsplit(":", 1)[1]
+
         def one_run(subscribers: int) -> dict[str, Any]:
             subscriber = subprocess.Popen(
                 [sys.executable, str(BENCH_DIR / "qf_sse.py"), "subscribe", "--port", str(port),
@@ -326,7 +326,8 @@ def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
                 f" another database held an xid for up to {result['foreign_xid_held_s']:.1f} s"
                 f" (1 subscriber: {single['foreign_xid_held_s']:.1f} s)")
     finally:
-        bench.stop_workers([api])
+        if api is not None:
+            bench.stop_workers([api])
         api_log.close()
         bench.drop_database(bench.name("sse"))
     return {"p50_ms": summarize([r["p50_ms"] for r in reps]), "p99_ms": summarize([r["p99_ms"] for r in reps]),
@@ -482,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         "qforge_worker": " ".join(all_systems["qforge"].worker_argv),
         "config": {k: v for k, v in vars(args).items() if k != "database_url"},
     }
+    load = LoadSampler()  # the machine is shared: its load beside the figures
     try:
         if "drain" in parts:
             results["drain"] = run_drain(bench, systems, args)
@@ -506,11 +508,14 @@ def main(argv: list[str] | None = None) -> int:
             results["flow"] = qf_flow.run(args.database_url, jobs=args.claim_jobs, repeat=args.repeat)
     finally:
         bench.drop_all(keep={KEPT_HISTORY})
+        load.stop()
     results["machine"]["load_after"] = os.getloadavg()
+    results["machine"]["load_1min_during"] = summarize(load.samples)
     results["total_s"] = time.perf_counter() - started
-    results["goals"] = goals(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / f"{stamp}.json"
+    json_path.write_text(json.dumps(results, indent=2, default=str))  # the measurements, whatever follows
+    results["goals"] = goals(results)
     json_path.write_text(json.dumps(results, indent=2, default=str))
     print(markdown_table(results))
     if "flow" in results:
