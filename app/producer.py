@@ -20,7 +20,7 @@ from qforge.commands.enqueue import enqueue_plan, span_attributes
 from qforge.commands.plan import run, run_async
 from qforge.commands.errors import Invalid
 from qforge.commands.specs import JobSpec, WorkflowSpec, parse_spec
-from qforge.commands.workflows import span_values, starts_children, submit_plan
+from qforge.workflows.submit import span_values, starts_children, submit_plan
 from qforge.workflows.durable import CodeWorkflowSpec, start_plan, traced_start
 
 ACTOR = "app"  # the events' actor: written by the application, not the API or a worker

@@ -91,7 +91,7 @@ def main() -> int:
         recreate(args.server_url, OLD)
         try:
             started = time.monotonic()
-            old("migrate", old_url, str(FIXTURE / "schema"))
+            old("migrate", old_url, str(Path(release) / "schema"))
             old("append", old_url, json.dumps(load_queries()), str(args.jobs), str(BATCH_JOBS))
             print(f"0.1.0 database: {3 * args.jobs:,} events appended through its projection trigger in"
                   f" {time.monotonic() - started:.1f} s")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from qforge.workers.executors import OUTPUT_TAIL_BYTES, TaskError, execute
+from qforge.workers.executors import TaskError, execute
+from qforge.workers.payloads import OUTPUT_TAIL_BYTES
 from qforge.workers.sandbox import TaskPolicy
 from qforge.workers.tasks import TaskContext, get_task, load_task_modules, task
 

@@ -25,7 +25,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from qforge.commands import tokens
-from qforge.commands import workflows as wf
+from qforge.workflows import submit as wf
 from qforge.commands.claim import ClaimedJob, claim
 from qforge.commands.enqueue import JobSpec, enqueue
 from qforge.commands.errors import Conflict, NotFound

@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+from qforge import sql
 from qforge.sql import QUERIES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,3 +34,20 @@ def test_every_named_statement_is_used() -> None:
 def test_every_called_statement_exists() -> None:
     missing = sorted({name for name in CALL.findall(_sources()) if name not in QUERIES})
     assert missing == [], f"q()/template() name statements that app/sql does not define: {missing}"
+
+
+def test_includes_are_expanded_at_load() -> None:
+    # The four fenced reports share one fence (job_current_attempt), written once.
+    fence = QUERIES["job_current_attempt"]
+    for name in ("job_heartbeat", "job_complete", "job_fail", "job_release"):
+        assert fence in QUERIES[name], name
+    assert [name for name, text in QUERIES.items() if sql._INCLUDE.search(text)] == []
+
+
+def test_an_unknown_include_fails_loudly() -> None:
+    queries = {"part": "SELECT 1", "whole": "WITH x AS (\n    -- include: part\n) TABLE x",
+               "broken": "WITH x AS (\n    -- include: no_such_part\n) TABLE x"}
+    with pytest.raises(RuntimeError, match="no_such_part"):
+        sql._include(queries)
+    del queries["broken"]
+    assert sql._include(queries)["whole"] == "WITH x AS (\nSELECT 1\n) TABLE x"

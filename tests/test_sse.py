@@ -22,7 +22,7 @@ from qforge.api.app import create_app
 from qforge.api.hub import EventHub, encode
 from qforge.api.server import BackgroundServer
 from qforge.commands.enqueue import JobSpec, enqueue
-from qforge.commands.workflows import StepSpec, WorkflowSpec, submit
+from qforge.workflows.submit import StepSpec, WorkflowSpec, submit
 from qforge.events.store import decode_cursor
 from qforge.events.types import Event
 from qforge.settings import Settings

@@ -34,7 +34,8 @@ from cluster_procs import start_api
 from qforge.events.states import JOB_FINISHED
 from qforge.settings import Settings
 from qforge.workers.executors import execute
-from qforge.workers.isolation import Isolation, IsolationError
+from qforge.workers.host import IsolationError
+from qforge.workers.isolation import Isolation
 from qforge.workers.sandbox import TaskPolicy
 from qforge.workers.secrets import Masker
 from qforge.workers.tasks import TaskContext

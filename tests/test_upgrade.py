@@ -1,6 +1,6 @@
 """Upgrades from the 0.1.0 release: a database made and filled by 0.1.0 becomes today's, data in place.
 
-tests/fixtures/qforge-0.1.0 holds the released schema and code. A database is
+tests/fixtures/qforge-0.1.0/app.zip holds the released code and schema. A database is
 migrated with it and filled by a seeded workload run through the 0.1.0
 commands (workload.py, in a subprocess with the 0.1.0 package on its path),
 which also records what the 0.1.0 API answered. Then today's `qforge migrate`
@@ -31,7 +31,7 @@ from qforge.commands.claim import claim
 from qforge.commands.enqueue import enqueue
 from qforge.commands.report import Report, complete
 from qforge.commands.specs import JobSpec
-from qforge.commands.workflows import trigger
+from qforge.workflows.submit import trigger
 from qforge.db import connect, with_credentials, with_database
 from qforge.log.archive import archive
 from qforge.audit import checkpoints as audit
@@ -48,7 +48,7 @@ WORKFLOWS = 70
 
 @pytest.fixture(scope="module")
 def release_0_1_0(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The 0.1.0 package, unpacked (it is named `app`, as it was then)."""
+    """The 0.1.0 package (named `app`, as it was then) and its schema/, unpacked."""
     folder = tmp_path_factory.mktemp("qforge-0.1.0")
     with zipfile.ZipFile(FIXTURE / "app.zip") as archive:
         archive.extractall(folder)
@@ -79,7 +79,7 @@ def filled_by_0_1_0(server_url: str, release_0_1_0: Path,
     env = {**os.environ, "PYTHONPATH": str(release_0_1_0)}
     env.pop("QFORGE_DATABASE_URL", None)
     result = subprocess.run(
-        [sys.executable, str(FIXTURE / "workload.py"), url, str(FIXTURE / "schema"), str(out),
+        [sys.executable, str(FIXTURE / "workload.py"), url, str(release_0_1_0 / "schema"), str(out),
          "--jobs", str(JOBS), "--workflows", str(WORKFLOWS)],
         cwd=release_0_1_0, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -6,7 +6,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from qforge.commands.errors import Invalid
-from qforge.commands.fanout import items_or_problem
+from qforge.workflows.fanout import items_or_problem
 from qforge.commands.manage import retry_job
 from qforge.workflows.resume import resume
 from qforge.projections.workflows import get_workflow

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from qforge.commands import workflows as wf
+from qforge.workflows import submit as wf
 from qforge.workflows.resume import resume
 from qforge.projections.workflows import get_workflow
 from test_worker_support import Processes, procs, registry, tasks_dir, wait_for  # noqa: F401 (fixtures)

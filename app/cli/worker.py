@@ -14,7 +14,7 @@ from qforge import tracing
 from qforge.cli import split_csv
 from qforge.cli.common import complain, configure_logging, database_url, wait_for_schema
 from qforge.settings import get_settings
-from qforge.workers.isolation import IsolationError
+from qforge.workers.host import IsolationError
 from qforge.workers.tasks import load_task_modules
 from qforge.workers.worker import Worker, default_name
 

@@ -12,7 +12,7 @@ from typing import Callable, Literal
 from psycopg.rows import dict_row
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, field_validator
 
-from qforge.commands.advance import advance
+from qforge.workflows.engine import advance
 from qforge.commands.errors import Conflict, Invalid
 from qforge.workflows.resume import reopen_step
 from qforge.commands.specs import NAME_PATTERN, Storable, check_tags

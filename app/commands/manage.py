@@ -7,7 +7,7 @@ from uuid import UUID
 
 from psycopg.rows import dict_row
 
-from qforge.commands.advance import advance
+from qforge.workflows.engine import advance
 from qforge.commands.errors import Conflict, NotFound
 from qforge.commands.report import Report, fail
 from qforge.workflows.resume import reopen_step

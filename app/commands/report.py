@@ -16,7 +16,7 @@ from uuid import UUID
 from psycopg.rows import tuple_row
 
 from qforge.commands import tx
-from qforge.commands.advance import advance
+from qforge.workflows.engine import advance
 from qforge.settings import get_settings
 from qforge.sql import q
 

@@ -370,18 +370,34 @@ SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_se
   FROM picked p
  ORDER BY p.priority DESC, p.vstart, p.nth, p.key_served_at NULLS FIRST, p.rot, p.run_at, p.id
 
+-- name: job_current_attempt
+-- The fence of the four reports (job_heartbeat, job_complete, job_fail,
+-- job_release; included where they say `-- include: job_current_attempt`,
+-- inside a CTE `fenced`, after a CTE `fence(event)` naming their event type):
+-- the reported jobs whose current attempt the report names and whose status
+-- allows that event, locked in id order (so two reporters cannot deadlock),
+-- with the report's fields and the statement's time. A report for a
+-- superseded attempt, or for a job that moved on (cancelled, re-claimed),
+-- matches no row and changes nothing. attempts > 0: a waiting step may take
+-- Succeeded or Failed, but never from a worker's report (no worker claimed it).
+SELECT j.id, j.version, j.workflow_id, j.chain, j.attempts, j.free_attempts, j.max_retries,
+       j.backoff_base_seconds, j.backoff_cap_seconds, r.result, r.reason, r.error, r.permanent,
+       coalesce(%(now)s::timestamptz, now()) AS at
+  FROM jobs j
+  JOIN jsonb_to_recordset(%(reports)s::jsonb)
+       AS r(id uuid, attempt integer, result jsonb, reason text, error text, permanent boolean)
+    ON r.id = j.id AND r.attempt = j.attempts
+ WHERE j.attempts > 0 AND state_allows('job', j.status, (SELECT event FROM fence))
+ ORDER BY j.id
+   FOR UPDATE OF j
+
 -- name: job_heartbeat
--- Fenced: only the current attempt of a running job may beat. Rows that do not
--- match are not returned, and the worker stops those tasks.
-WITH report AS (
-    SELECT * FROM jsonb_to_recordset(%(reports)s::jsonb) AS r(id uuid, attempt integer)
+-- Fenced (job_current_attempt): only the current attempt of a running job may
+-- beat. Rows that do not match are not returned, and the worker stops those tasks.
+WITH fence(event) AS (VALUES ('Heartbeat')), fenced AS (
+    -- include: job_current_attempt
 ), target AS (
-    SELECT j.id, j.version, j.workflow_id, j.chain, jsonb_build_object('attempt', j.attempts) AS data,
-           coalesce(%(now)s::timestamptz, now()) AS at
-      FROM jobs j JOIN report r ON r.id = j.id AND r.attempt = j.attempts
-     WHERE state_allows('job', j.status, 'Heartbeat')
-     ORDER BY j.id
-       FOR UPDATE OF j
+    SELECT f.*, jsonb_build_object('attempt', f.attempts) AS data FROM fenced f
 )
 INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
 SELECT 'job', t.id, t.version + 1, 'Heartbeat', t.data, t.workflow_id, t.at, %(actor)s,
@@ -391,22 +407,16 @@ SELECT 'job', t.id, t.version + 1, 'Heartbeat', t.data, t.workflow_id, t.at, %(a
 RETURNING stream_id AS id
 
 -- name: job_complete
--- Fenced batch completion: a report for a superseded attempt, or for a job
--- that is no longer running, matches no row and changes nothing. A result of
--- null is not written (the fold reads its absence as null).
-WITH report AS (
-    SELECT * FROM jsonb_to_recordset(%(reports)s::jsonb) AS r(id uuid, attempt integer,
-                                                               result jsonb)
+-- Fenced (job_current_attempt) batch completion. A result of null is not
+-- written (the fold reads its absence as null).
+WITH fence(event) AS (VALUES ('Succeeded')), fenced AS (
+    -- include: job_current_attempt
 ), target AS (
-    SELECT j.id, j.version, j.workflow_id, j.chain,
-           jsonb_build_object('attempt', j.attempts)
-           || CASE WHEN r.result IS NULL OR r.result = 'null' THEN '{}'::jsonb
-                   ELSE jsonb_build_object('result', r.result) END AS data,
-           coalesce(%(now)s::timestamptz, now()) AS at
-      FROM jobs j JOIN report r ON r.id = j.id AND r.attempt = j.attempts
-     WHERE j.attempts > 0 AND state_allows('job', j.status, 'Succeeded')
-     ORDER BY j.id
-       FOR UPDATE OF j
+    SELECT f.*,
+           jsonb_build_object('attempt', f.attempts)
+           || CASE WHEN f.result IS NULL OR f.result = 'null' THEN '{}'::jsonb
+                   ELSE jsonb_build_object('result', f.result) END AS data
+      FROM fenced f
 )
 INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
 SELECT 'job', t.id, t.version + 1, 'Succeeded', t.data, t.workflow_id, t.at, %(actor)s,
@@ -418,32 +428,26 @@ SELECT 'job', t.id, t.version + 1, 'Succeeded', t.data, t.workflow_id, t.at, %(a
 RETURNING stream_id AS id, workflow_id
 
 -- name: job_fail
--- Fenced batch failure. Each failed attempt appends Failed and, in the same
--- statement, Retried (backoff min(base*2^(n-1), cap) plus jitter, n counting
--- only attempts that use the budget) or DeadLettered once n > max_retries (or at
--- once for a permanent failure).
+-- Fenced (job_current_attempt) batch failure. Each failed attempt appends
+-- Failed and, in the same statement, Retried (backoff min(base*2^(n-1), cap)
+-- plus jitter, n counting only attempts that use the budget) or DeadLettered
+-- once n > max_retries (or at once for a permanent failure).
 -- This is the one place where a worker's job becomes dead. The second event's
 -- hash chains to the first's.
-WITH report AS (
-    SELECT * FROM jsonb_to_recordset(%(reports)s::jsonb) AS r(id uuid, attempt integer,
-                                                               reason text, error text,
-                                                               result jsonb, permanent boolean)
+WITH fence(event) AS (VALUES ('Failed')), fenced AS (
+    -- include: job_current_attempt
 ), target AS (
-    SELECT j.id, j.version, j.workflow_id, j.chain, j.attempts,
+    SELECT f.*,
            -- a permanent failure (report.PERMANENT_REASONS) dead-letters whatever budget is left
-           j.attempts - j.free_attempts > j.max_retries OR coalesce(r.permanent, false) AS exhausted,
+           f.attempts - f.free_attempts > f.max_retries OR coalesce(f.permanent, false) AS exhausted,
            -- a job's own retry policy (a stored definition's), else the settings
-           job_backoff_seconds(j.attempts - j.free_attempts, coalesce(j.backoff_base_seconds, %(base)s),
-                               coalesce(j.backoff_cap_seconds, %(cap)s), random() * %(jitter)s) AS delay,
-           jsonb_build_object('attempt', j.attempts, 'reason', coalesce(r.reason, 'error'),
-                              'error', r.error)
-           || CASE WHEN r.result IS NULL THEN '{}'::jsonb
-                   ELSE jsonb_build_object('result', r.result) END AS failed,
-           coalesce(%(now)s::timestamptz, now()) AS at
-      FROM jobs j JOIN report r ON r.id = j.id AND r.attempt = j.attempts
-     WHERE j.attempts > 0 AND state_allows('job', j.status, 'Failed')
-     ORDER BY j.id
-       FOR UPDATE OF j
+           job_backoff_seconds(f.attempts - f.free_attempts, coalesce(f.backoff_base_seconds, %(base)s),
+                               coalesce(f.backoff_cap_seconds, %(cap)s), random() * %(jitter)s) AS delay,
+           jsonb_build_object('attempt', f.attempts, 'reason', coalesce(f.reason, 'error'),
+                              'error', f.error)
+           || CASE WHEN f.result IS NULL THEN '{}'::jsonb
+                   ELSE jsonb_build_object('result', f.result) END AS failed
+      FROM fenced f
 ), outcome AS (
     SELECT t.*,
            CASE WHEN t.exhausted THEN 'DeadLettered' ELSE 'Retried' END AS then_type,

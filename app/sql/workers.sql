@@ -36,20 +36,15 @@ SELECT name, host, pid, queues, concurrency, running, last_seen, started_at, tas
  ORDER BY name
 
 -- name: job_release
--- Fenced batch hand-back by a stopping worker: Released puts the current
--- attempt's job back to pending without using up an attempt (the fold counts it
--- in free_attempts). A job that was cancelled or re-claimed meanwhile matches
--- no row and stays as it is.
-WITH report AS (
-    SELECT * FROM jsonb_to_recordset(%(reports)s::jsonb) AS r(id uuid, attempt integer)
+-- Fenced (job_current_attempt, in jobs.sql) batch hand-back by a stopping
+-- worker: Released puts the current attempt's job back to pending without
+-- using up an attempt (the fold counts it in free_attempts). A job that was
+-- cancelled or re-claimed meanwhile matches no row and stays as it is.
+WITH fence(event) AS (VALUES ('Released')), fenced AS (
+    -- include: job_current_attempt
 ), target AS (
-    SELECT j.id, j.version, j.workflow_id, j.chain,
-           jsonb_build_object('attempt', j.attempts, 'reason', %(reason)s::text) AS data,
-           coalesce(%(now)s::timestamptz, now()) AS at
-      FROM jobs j JOIN report r ON r.id = j.id AND r.attempt = j.attempts
-     WHERE state_allows('job', j.status, 'Released')
-     ORDER BY j.id
-       FOR UPDATE OF j
+    SELECT f.*, jsonb_build_object('attempt', f.attempts, 'reason', %(reason)s::text) AS data
+      FROM fenced f
 )
 INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
 SELECT 'job', t.id, t.version + 1, 'Released', t.data, t.workflow_id, t.at, %(actor)s,

@@ -18,7 +18,7 @@ from qforge.workers.sandbox import TaskPolicy
 # Infinity. One encoder for every job (json.dumps with an argument builds a new one per call).
 RESULT_CHECK = json.JSONEncoder(allow_nan=False)
 
-# Handled by executors.py before the registry is consulted, so a Python task of
+# Handled by executors.py (shell.py, http_call.py) before the registry is consulted, so a Python task of
 # the same name could never run.
 RESERVED_TASK_NAMES = frozenset({"shell", "http", "qforge.workflow"})  # the last: code workflows' runs
 

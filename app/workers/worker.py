@@ -12,6 +12,10 @@ up and go in one statement) and claims as many jobs as there are free slots,
 then sleep until a job finishes, a notification arrives, a signal comes or a
 timer is due. A notification of jobs due later (a delayed job, a retry) sets a
 timer on when they come due, so they start then, not at the next poll.
+
+The class is in three modules: this one (the loop, running jobs, start and
+stop), `qforge.workers.wakeups` (LISTEN, timers, signals, sleeps) and
+`qforge.workers.exchange` (writing results, claiming, heartbeats).
 """
 
 from __future__ import annotations
@@ -25,26 +29,26 @@ import signal
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, TypeVar
 from uuid import UUID
 
 import psycopg
-from psycopg import sql
 
 from qforge import tracing
-from qforge.commands import report, workers
-from qforge.commands.claim import ClaimedJob, claim, plan_generically
-from qforge.commands.report import Outcome, Report
-from qforge.events.store import JOBS_CHANNEL
+from qforge.commands import workers
+from qforge.commands.claim import ClaimedJob, plan_generically
+from qforge.commands.report import Report
 from qforge.settings import Settings, get_settings
-from qforge.sql import q
 from qforge.workers.sandbox import TaskPolicy
-from qforge.workers import isolation, reporting
-from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, Reconnecting, connect_async, describe
+from qforge.workers import reporting
+from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, Reconnecting, describe
+from qforge.workers.exchange import Exchanges, Stats
 from qforge.workers.executors import execute
+from qforge.workers.host import make_undumpable
 from qforge.workers.tasks import TaskContext, registered_task_names
+from qforge.workers.wakeups import Wakeups
 from qforge.workflows import activation, durable
 from qforge.workflows import journal as code_journal
 
@@ -52,9 +56,6 @@ log = logging.getLogger("qforge.worker")
 
 T = TypeVar("T")
 
-STATS_EVERY_SECONDS = 60.0
-# Due times of delayed jobs kept for timers (the earliest ones; the poll finds any beyond).
-MAX_TIMERS = 1000
 # How long a stopping worker keeps retrying its last reports while the database is away.
 FINAL_REPORT_RETRY_SECONDS = 30.0
 # Cancelled tasks get this long to clean up (a shell command's group gets SIGTERM, then SIGKILL after 2 s).
@@ -73,14 +74,7 @@ class Running:
     abandoned: bool = False  # stopped by the worker: whatever it returns is not reported
 
 
-@dataclass
-class Stats:
-    succeeded: int = 0
-    failed: int = 0
-    since: float = field(default_factory=time.monotonic)
-
-
-class Worker:
+class Worker(Wakeups, Exchanges):
     def __init__(self, url: str, *, name: str, queues: list[str], concurrency: int,
                  allow_shell: bool = False, settings: Settings | None = None) -> None:
         self.settings = settings or get_settings()
@@ -93,7 +87,7 @@ class Worker:
         # Shell steps apart from the worker (IsolationError when the settings cannot be honoured);
         # not dumpable, so a step that runs as this same user cannot read /proc/<worker>/environ.
         self.task_policy = TaskPolicy.from_settings(self.settings, shell=allow_shell)
-        self.undumpable = allow_shell and isolation.make_undumpable()
+        self.undumpable = allow_shell and make_undumpable()
         self.info = workers.WorkerInfo(name=name, host=socket.gethostname(), pid=os.getpid(),
                                        queues=queues, concurrency=concurrency,
                                        started_at=datetime.now(timezone.utc),
@@ -209,50 +203,6 @@ class Worker:
                            self.timers[0] if self.timers else float("inf"))
             await self._sleep(deadline - time.monotonic())
 
-    async def _sleep(self, seconds: float) -> None:
-        """Until woken (a job finished, a notification, a signal) or `seconds` passed."""
-        if seconds <= 0:
-            return
-        try:
-            async with asyncio.timeout(seconds):
-                await self.wake.wait()
-        except TimeoutError:
-            pass
-
-    async def _pause(self, seconds: float) -> None:
-        """Back off for `seconds`; unlike _sleep, only a new signal cuts it short (finishing jobs do not)."""
-        try:
-            async with asyncio.timeout(seconds):
-                await self.signalled.wait()
-            self.signalled.clear()
-        except TimeoutError:
-            pass
-
-    def _on_signal(self, signum: int) -> None:
-        if not self.stopping:
-            self.stopping = True
-            self.grace_deadline = time.monotonic() + self.settings.shutdown_grace_seconds
-            log.info("%s: stopping; waiting up to %gs for %d running jobs (signal again to hand them back now)",
-                     signal.Signals(signum).name, self.settings.shutdown_grace_seconds, len(self.running))
-        else:
-            self.grace_deadline = time.monotonic()
-            log.info("%s again: handing back %d running jobs now", signal.Signals(signum).name, len(self.running))
-        self.signalled.set()
-        self.wake.set()
-
-    def _want_claim(self) -> None:
-        self.claim_wanted = True
-        self.wake.set()
-
-    def _due_at(self, epoch: float) -> None:
-        """Claim when a job due at `epoch` (seconds, the database's clock, which is this host's
-        or close to it) comes due: a timer in the loop, which recomputes its sleep on waking."""
-        # A millisecond late, so that the claim's now() is past the job's run_at.
-        heapq.heappush(self.timers, time.monotonic() + (epoch - time.time()) + 0.001)
-        if len(self.timers) > MAX_TIMERS:
-            self.timers = heapq.nsmallest(MAX_TIMERS // 2, self.timers)
-        self.wake.set()
-
     async def _db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(conn, ...)` on the database thread."""
         loop = asyncio.get_running_loop()
@@ -320,106 +270,6 @@ class Worker:
         if run.task is not None:
             run.task.cancel()  # shell: executors kill the whole process group before it ends
 
-    # --- reporting --------------------------------------------------------------
-
-    async def _exchange(self, claim_limit: int = 0) -> None:
-        """Write the buffered results and claim up to `claim_limit` new jobs, in one transaction."""
-        completions, failures = self.completions, self.failures
-        self.completions, self.failures = [], []
-        # Cleared before the round trip: a notification that lands meanwhile sets it again.
-        self.claim_wanted = self.claim_wanted and not claim_limit
-        try:
-            done, failed, written, jobs = await self._db(self._exchange_sync, completions, failures, claim_limit)
-        except BaseException:
-            # Kept for the next turn. If the lost round trip had committed, the
-            # retry is rejected by the (job_id, attempt) fence and changes nothing.
-            self.completions[:0] = completions
-            self.failures[:0] = failures
-            self.claim_wanted = self.claim_wanted or bool(claim_limit)
-            raise
-        self.stats.succeeded += len(done.accepted)
-        self.stats.failed += len(failed.accepted)
-        if failed.retry_at is not None:
-            # Look again when the earliest retry is due, not at the next poll:
-            # a 100 ms backoff should not become a 1 s one.
-            due = time.monotonic() + max(0.0, (failed.retry_at - datetime.now(timezone.utc)).total_seconds())
-            self.retry_due = due if self.retry_due is None else min(self.retry_due, due)
-        if failed.accepted:
-            self.failure_log.add(written, failed)
-        rejected = len(done.rejected) + len(failed.rejected)
-        if rejected:
-            log.info("%d results not recorded: their jobs were cancelled, recovered by the monitor"
-                     " or already reported", rejected)
-        if claim_limit and len(jobs) >= claim_limit:
-            self.claim_wanted = True  # a full batch: more are probably waiting
-        if jobs:
-            log.debug("claimed %d jobs", len(jobs))
-        for job in jobs:
-            self._start(job)
-
-    def _exchange_sync(self, conn: psycopg.Connection, completions: list[Report], failures: list[Report],
-                       claim_limit: int) -> tuple[Outcome, Outcome, list[Report], list[ClaimedJob]]:
-        if not (completions or failures):
-            # A claim alone (the connection plans generically): one statement, no transaction.
-            return Outcome(), Outcome(), [], claim(conn, self.queues, claim_limit, self.name)
-        try:
-            return self._exchange_once(conn, completions, failures, claim_limit, join=True)
-        except TRANSIENT_ERRORS:
-            raise
-        except psycopg.Error:
-            # Rolled back whole. Once more with a savepoint per command, so that a report the
-            # database refuses (a "\u0000" in a result, say) is written on its own and the rest go in.
-            return self._exchange_once(conn, completions, failures, claim_limit, join=False)
-
-    def _exchange_once(self, conn: psycopg.Connection, completions: list[Report], failures: list[Report],
-                       claim_limit: int, *, join: bool) -> tuple[Outcome, Outcome, list[Report], list[ClaimedJob]]:
-        # One commit for both: with synchronous commit each one waits for a
-        # WAL flush, which is most of a small batch's cost. With `join` the
-        # commands' statements join this transaction (no savepoints: two
-        # round trips each) and any failure rolls it all back; without, they
-        # become savepoints and reporting.write gets past a refused report.
-        # If the claim fails, the results roll back with it and are sent again.
-        with conn.transaction():
-            done, failed, written = reporting.write(conn, completions, failures, actor=self.name, join=join)
-            jobs = claim(conn, self.queues, claim_limit, self.name) if claim_limit else []
-        return done, failed, written, jobs
-
-    async def _beat(self) -> None:
-        """One batched Heartbeat for the jobs that need one, and the registry row; stop rejected jobs."""
-        now = time.monotonic()
-        # A job claimed (or beaten) less than half an interval ago is still fresh
-        # at the next tick, so short jobs never write a Heartbeat at all.
-        due = [run for run in self.running.values()
-               if not run.abandoned and now - run.beat_at >= self.settings.heartbeat_seconds / 2]
-        reports = [Report(run.job.id, run.job.attempt) for run in due]
-        outcome = await self._db(self._beat_sync, reports, self._snapshot())
-        rejected = set(outcome.rejected)
-        for run in due:
-            if run.job.id not in rejected:
-                run.beat_at = now
-            elif self.running.get(run.job.id) is run:
-                log.info("job %s (%s) attempt %d was cancelled or taken over: stopping it",
-                         run.job.id, run.job.task, run.job.attempt)
-                self._abandon(run)
-        self.failure_log.flush()
-        if now - self.stats.since >= STATS_EVERY_SECONDS:
-            if self.stats.succeeded or self.stats.failed:
-                log.info("last %.0fs: %d succeeded, %d failed; %d running", now - self.stats.since,
-                         self.stats.succeeded, self.stats.failed, len(self.running))
-            self.stats = Stats()
-
-    def _beat_sync(self, conn: psycopg.Connection, reports: list[Report],
-                   snapshot: list[dict[str, Any]]) -> Outcome:
-        outcome = report.heartbeat(conn, reports, actor=self.name)
-        workers.record(conn, self.info, snapshot)
-        return outcome
-
-    def _snapshot(self) -> list[dict[str, Any]]:
-        return [{"job_id": str(run.job.id), "task": run.job.task, "step": run.job.step,
-                 "workflow_id": str(run.job.workflow_id) if run.job.workflow_id else None,
-                 "started_at": run.started_at.isoformat(), "slot": run.slot}
-                for run in self.running.values() if not run.abandoned]
-
     # --- start and stop -----------------------------------------------------------
 
     async def _register(self) -> bool:
@@ -475,36 +325,6 @@ class Worker:
         self.failure_log.flush(force=True)
         log.info("worker %s stopped", self.name)
         return 0
-
-    async def _listen(self) -> None:
-        """Wake the loop when jobs become pending in our queues (LISTEN on a connection of its own)."""
-        backoff = Backoff()
-        while True:
-            try:
-                conn = await connect_async(self.url, f"qforge-worker {self.name} listen")
-                try:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(JOBS_CHANNEL)))
-                    backoff.reset()
-                    self._want_claim()  # whatever was notified while nobody listened
-                    due = await (await conn.execute(q("job_next_due"), {"queues": self.queues})).fetchone()
-                    if due and due[0] is not None:
-                        self._due_at(due[0])
-                    async for note in conn.notifies():
-                        # "queue" (due now) or "queue epoch" (the earliest due then)
-                        queue, _, epoch = note.payload.partition(" ")
-                        if queue in self.queue_set:
-                            if epoch:
-                                self._due_at(float(epoch))
-                            else:
-                                self._want_claim()
-                finally:
-                    await conn.close()
-            except TRANSIENT_ERRORS as exc:
-                log.debug("listener connection lost (%s); polling until it is back", describe(exc))
-                await asyncio.sleep(backoff.next_delay())
-            except Exception as exc:  # never fatal: polling still finds the work, only later
-                log.warning("listener failed (%s); polling until it is back", describe(exc))
-                await asyncio.sleep(backoff.next_delay())
 
 
 def default_name() -> str:

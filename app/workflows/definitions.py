@@ -19,7 +19,7 @@ from typing import Any
 from psycopg.rows import dict_row, tuple_row
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from qforge.commands import workflows
+from qforge.workflows import submit as workflows
 from qforge.commands.errors import Invalid, NotFound
 from qforge.commands.specs import (MAX_STEPS, STEPS_LIMIT, ResultSpec, StepSpec, Storable, WorkflowSpec,
                                    check_tags)

@@ -120,7 +120,7 @@ def step_event(op: dict[str, Any], clock: datetime, due: datetime | None = None,
     if op["op"] == "sleep":
         return ev.Enqueued(task="sleep", step=op["step"], step_type="sleep", status=WAITING,
                            run_at=clock + timedelta(seconds=op["seconds"]), seconds=op["seconds"], depends_on=after)
-    if op["op"] == "child":  # waits for its sub-workflow (qforge.commands.subflows ends it)
+    if op["op"] == "child":  # waits for its sub-workflow (qforge.workflows.subflows ends it)
         return ev.Enqueued(task="workflow", step=op["step"], step_type="workflow", status=WAITING, run_at=NEVER,
                            payload={"workflow": op["workflow"], "input": op.get("input")}, depends_on=after)
     if op["op"] == "wait":

@@ -6,7 +6,7 @@ or cancelled step, POST /jobs/{id}/retry) reopens that step and what its end
 skipped or cancelled downstream, and re-opens the workflow if it had ended.
 In the log a resume is one WorkflowResumed (naming the reopened steps)
 followed, in the same transaction, by one StepReopened per step; the DAG rules
-then unblock them as on the first run (qforge.commands.advance).
+then unblock them as on the first run (qforge.workflows.engine).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from psycopg.rows import dict_row
 
 from qforge.workflows import dag
-from qforge.commands.advance import advance, load, split_elements, step_state, wait_until
+from qforge.workflows.engine import advance, load, split_elements, step_state, wait_until
 from qforge.commands.errors import Conflict, NotFound
 from qforge.events import store
 from qforge.events import types as ev

@@ -14,6 +14,38 @@
 -- concurrent writer appended the same version first, or the stream does not
 -- exist) fails the statement that appended it, as does a transition the state
 -- machine does not allow.
+--
+-- What each event type changes: every event sets version, updated_at,
+-- last_position and chain, and status by the state machine (state_target, from
+-- app/events/states.py); besides those, the columns below. A new event type is
+-- added here, in its table and in the rules it names, and tests/test_fold_table.py
+-- checks these tables against the state machine's event types and against the
+-- rules of the two UPDATEs (a rule that names an event the table does not list
+-- for its column, or the other way round, fails it).
+--
+-- job event       sets
+-- --------------  ----------------------------------------------------------
+-- Enqueued        the new row (INSERT INTO jobs below)
+-- Claimed         attempts, worker, heartbeat_at, started_at
+-- Heartbeat       heartbeat_at
+-- Succeeded       result, finished_at
+-- Failed          result (when the report has one), last_error
+-- Retried         free_attempts (when manual), run_at, finished_at
+-- DeadLettered    last_error (when given), finished_at
+-- Released        free_attempts, run_at
+-- Cancelled       last_error (when given), finished_at
+-- Skipped         last_error (when given), finished_at
+-- Triggered       result, finished_at
+-- StepUnblocked   run_at, payload, started_at (when it starts waiting)
+-- StepReopened    free_attempts, run_at, result, last_error, started_at, finished_at
+--
+-- workflow event     sets
+-- -----------------  -------------------------------------------------------
+-- WorkflowSubmitted  the new row (INSERT INTO workflows below)
+-- WorkflowSucceeded  error, finished_at, result
+-- WorkflowFailed     error, finished_at
+-- WorkflowCancelled  error, finished_at
+-- WorkflowResumed    error, finished_at, result, deadline_at
 
 CREATE OR REPLACE FUNCTION events_project() RETURNS trigger LANGUAGE plpgsql
 -- The sets folded here are small next to the tables they update: every join

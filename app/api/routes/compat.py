@@ -16,7 +16,7 @@ from qforge.api.common import ERRORS
 from qforge.api.deps import Conn, ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import CompatWorkflowIn, CompatWorkflowView, Pods
-from qforge.commands import workflows as commands
+from qforge.workflows import submit as commands
 from qforge.commands.errors import NotFound
 from qforge.commands.specs import StepSpec, WorkflowSpec
 from qforge.events import states

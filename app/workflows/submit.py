@@ -1,4 +1,4 @@
-"""Workflow commands: submit, trigger, cancel, fire timers (advancing lives in qforge.commands.advance)."""
+"""Workflow commands: submit, trigger, cancel, fire timers (advancing lives in qforge.workflows.engine)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 from psycopg.rows import dict_row, tuple_row
 
-from qforge.commands import subflows
+from qforge.workflows import subflows
 from qforge.workflows import dag
-from qforge.commands.advance import advance, load, wait_until
+from qforge.workflows.engine import advance, load, wait_until
 from qforge.commands.enqueue import job_row
 from qforge.commands.errors import Conflict, Invalid, NotFound
 from qforge.commands.plan import Plan, Statement, run
@@ -52,7 +52,7 @@ def submit(conn, spec: WorkflowSpec, *, actor: str = "api", now: datetime | None
     `external_id` is the id another system knows the workflow by (the pod
     orchestrator's workflowId); `definition` ({"name", "version"}) the stored
     definition it runs; `parent` ({"workflow_id", "step", "job_id", "depth"}) the
-    step of another workflow that started it (qforge.commands.subflows), and `trace_parent` the
+    step of another workflow that started it (qforge.workflows.subflows), and `trace_parent` the
     stored trace context its qforge.submit span is a child of (the parent step's; else the
     caller's current span)."""
     with conn.transaction(), tracing.span("qforge.submit", parent=trace_parent, **span_values(spec, definition)

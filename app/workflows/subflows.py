@@ -68,7 +68,7 @@ def child_outcome(child: dict) -> ev.EventData | None:
 def finish_parent(conn, child: dict, *, wait: bool, actor: str, now: datetime | None) -> bool:
     """End the parent step of a finished child; True when done (or nothing to do). With
     wait=False it gives up when the parent is locked (the caller holds the child's lock)."""
-    from qforge.commands.advance import advance
+    from qforge.workflows.engine import advance
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(q("workflow_lock" if wait else "workflow_lock_unless_busy"),
                     {"ids": [child["parent_workflow_id"]]})

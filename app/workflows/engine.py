@@ -14,10 +14,10 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from qforge.commands import subflows
+from qforge.workflows import subflows
 from qforge.workflows import dag
 from qforge.commands.errors import NotFound
-from qforge.commands.fanout import Fanout
+from qforge.workflows.fanout import Fanout
 from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.states import PENDING, WAITING, WORKFLOW_FINISHED

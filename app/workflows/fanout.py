@@ -72,7 +72,7 @@ class Fanout:
         QFORGE_MAX_WORKFLOW_JOBS jobs or write more than QFORGE_MAX_FAN_OUT_BYTES of payloads
         (each element carries a copy of the step's payload: a 100 KB payload over 10,000
         elements would be a GB)."""
-        from qforge.commands.advance import NEVER  # advance imports this module
+        from qforge.workflows.engine import NEVER  # advance imports this module
         self._event(row, 1, ev.StepUnblocked(status=WAITING, run_at=NEVER, inputs=inputs))
         if self._summary(row)["total"]:  # resumed: the first run's elements are there, the dead reopened
             self.again = True

@@ -1,0 +1,104 @@
+"""How the worker's loop is woken: LISTEN for pending jobs, timers on jobs due later, signals, sleeps.
+
+`Wakeups` is mixed into `qforge.workers.worker.Worker` and works on its state
+(`wake`, `signalled`, `claim_wanted`, `timers`, `stopping`, ...): whatever should
+make the loop look again sets `wake`; the loop (`Worker._serve`) sleeps on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import signal
+import time
+
+from psycopg import sql
+
+from qforge.events.store import JOBS_CHANNEL
+from qforge.sql import q
+from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, connect_async, describe
+
+log = logging.getLogger("qforge.worker")
+
+# Due times of delayed jobs kept for timers (the earliest ones; the poll finds any beyond).
+MAX_TIMERS = 1000
+
+
+class Wakeups:
+    """The worker's wake-ups: its LISTEN connection, its timers, its signal handler and its sleeps."""
+
+    async def _sleep(self, seconds: float) -> None:
+        """Until woken (a job finished, a notification, a signal) or `seconds` passed."""
+        if seconds <= 0:
+            return
+        try:
+            async with asyncio.timeout(seconds):
+                await self.wake.wait()
+        except TimeoutError:
+            pass
+
+    async def _pause(self, seconds: float) -> None:
+        """Back off for `seconds`; unlike _sleep, only a new signal cuts it short (finishing jobs do not)."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self.signalled.wait()
+            self.signalled.clear()
+        except TimeoutError:
+            pass
+
+    def _on_signal(self, signum: int) -> None:
+        if not self.stopping:
+            self.stopping = True
+            self.grace_deadline = time.monotonic() + self.settings.shutdown_grace_seconds
+            log.info("%s: stopping; waiting up to %gs for %d running jobs (signal again to hand them back now)",
+                     signal.Signals(signum).name, self.settings.shutdown_grace_seconds, len(self.running))
+        else:
+            self.grace_deadline = time.monotonic()
+            log.info("%s again: handing back %d running jobs now", signal.Signals(signum).name, len(self.running))
+        self.signalled.set()
+        self.wake.set()
+
+    def _want_claim(self) -> None:
+        self.claim_wanted = True
+        self.wake.set()
+
+    def _due_at(self, epoch: float) -> None:
+        """Claim when a job due at `epoch` (seconds, the database's clock, which is this host's
+        or close to it) comes due: a timer in the loop, which recomputes its sleep on waking."""
+        # A millisecond late, so that the claim's now() is past the job's run_at.
+        heapq.heappush(self.timers, time.monotonic() + (epoch - time.time()) + 0.001)
+        if len(self.timers) > MAX_TIMERS:
+            self.timers = heapq.nsmallest(MAX_TIMERS // 2, self.timers)
+        self.wake.set()
+
+    async def _listen(self) -> None:
+        """Wake the loop when jobs become pending in our queues (LISTEN on a connection of its own)."""
+        backoff = Backoff()
+        while True:
+            try:
+                conn = await connect_async(self.url, f"qforge-worker {self.name} listen")
+                try:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(JOBS_CHANNEL)))
+                    backoff.reset()
+                    self._want_claim()  # whatever was notified while nobody listened
+                    due = await (await conn.execute(q("job_next_due"), {"queues": self.queues})).fetchone()
+                    if due and due[0] is not None:
+                        self._due_at(due[0])
+                    async for note in conn.notifies():
+                        # "queue" (due now) or "queue epoch" (the earliest due then)
+                        queue, _, epoch = note.payload.partition(" ")
+                        if queue in self.queue_set:
+                            if epoch:
+                                self._due_at(float(epoch))
+                            else:
+                                self._want_claim()
+                finally:
+                    await conn.close()
+            except TRANSIENT_ERRORS as exc:
+                log.debug("listener connection lost (%s); polling until it is back", describe(exc))
+                await asyncio.sleep(backoff.next_delay())
+            except Exception as exc:  # never fatal: polling still finds the work, only later
+                log.warning("listener failed (%s); polling until it is back", describe(exc))
+                await asyncio.sleep(backoff.next_delay())
+
