@@ -143,10 +143,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_api(url: str, log: Any, *, timeout: float = 60) -> tuple[Any, str]:
+def start_api(url: str, log: Any, *, timeout: float = 60,
+              env: dict[str, str] | None = None) -> tuple[Any, str]:
     """A `qforge api` (this interpreter's qforge) serving database `url` on a free port, in its own
-    session, output to `log` (a file or subprocess.DEVNULL), once /healthz answers: (the process,
-    its base URL). (httpx and qforge: the project's venv only.)"""
+    session, output to `log` (a file or subprocess.DEVNULL), `env` added to its environment, once
+    /healthz answers: (the process, its base URL). (httpx and qforge: the project's venv only.)"""
     import subprocess
 
     import httpx
@@ -154,7 +155,7 @@ def start_api(url: str, log: Any, *, timeout: float = 60) -> tuple[Any, str]:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root, "QFORGE_LOG_LEVEL": "WARNING"}
+    env = {**os.environ, "PYTHONPATH": root, "QFORGE_LOG_LEVEL": "WARNING", **(env or {})}
     process = subprocess.Popen([sys.executable, "-m", "qforge.cli", "api", "--database-url", url, "--port", str(port)],
                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + timeout
@@ -166,7 +167,8 @@ def start_api(url: str, log: Any, *, timeout: float = 60) -> tuple[Any, str]:
             pass
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            raise RuntimeError(f"qforge api did not start (exit {process.poll()}; output in {getattr(log, 'name', '-')})")
+            raise RuntimeError(f"qforge api did not start (exit {process.poll()}; output in"
+                               f" {getattr(log, 'name', '-')})")
         time.sleep(0.2)
 
 

@@ -277,7 +277,9 @@ def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
     api = None
     reps = []
     try:
-        api, base = start_api(url, api_log)
+        # The API allows QFORGE_API_STREAMS_PER_TOKEN (20) open streams per token: all subscribers
+        # here are anonymous, so one token.
+        api, base = start_api(url, api_log, env={"QFORGE_API_STREAMS_PER_TOKEN": str(args.sse_subscribers + 1)})
         port = base.rsplit(":", 1)[1]
 
         def one_run(subscribers: int) -> dict[str, Any]:
