@@ -51,6 +51,14 @@ class Settings(BaseSettings):
     # A hot standby for the API's reads (lists, histories, search, /events, the stream, the
     # dashboard); None: everything reads from the primary.
     read_database_url: str | None = None
+    # Behind a connection pooler (CONTRACT.md §7, docs/operations/pgbouncer.md): None (a direct
+    # connection) or "transaction" (PgBouncer in transaction pooling mode: no server-side
+    # prepared statements, no session state outside a transaction). listen_database_url: a
+    # direct connection (bypassing the pooler) for LISTEN and the session advisory locks
+    # (monitor leadership, migrate, archive, pack, replay); without it, behind the pooler,
+    # LISTEN gives way to polling every poll_interval_seconds.
+    pooler: Literal["transaction"] | None = None
+    listen_database_url: str | None = None
     # How long a read waits for the standby to replay a write the client has seen before it
     # reads from the primary instead.
     read_wait_seconds: float = Field(default=1, ge=0)
@@ -154,6 +162,18 @@ class Settings(BaseSettings):
     def _duration(cls, value: object) -> object:
         if isinstance(value, str):
             return None if not value.strip() else parse_duration(value)
+        return value
+
+    @field_validator("pooler", mode="before")
+    @classmethod
+    def _pooler_mode(cls, value: object) -> object:
+        if isinstance(value, str):
+            if not value.strip():
+                return None
+            if value.strip().lower() != "transaction":
+                raise ValueError(f"QFORGE_POOLER={value!r} is not a pooling mode QForge knows: 'transaction' (PgBouncer's"
+                                 " pool_mode=transaction) or unset (a direct connection, or a pooler in session mode)")
+            return "transaction"
         return value
 
     @field_validator("shell_env_allow")

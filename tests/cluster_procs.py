@@ -124,8 +124,8 @@ class Enqueuer:
     `acknowledged` maps each n to the id the API answered with."""
 
     def __init__(self, base: str, first: int, last: int, *, threads: int = 4, per_second: float | None = None,
-                 prefix: str = "failover-job") -> None:
-        self.base, self.first, self.last, self.prefix = base, first, last, prefix
+                 prefix: str = "failover-job", task: str = "echo") -> None:
+        self.base, self.first, self.last, self.prefix, self.task = base, first, last, prefix, task
         self.interval = threads / per_second if per_second else 0.0
         self.acknowledged: dict[int, str] = {}
         self.failures: list[BaseException] = []
@@ -143,7 +143,7 @@ class Enqueuer:
                 if self.stopping.is_set():
                     return
                 response = client.request("POST", "/jobs", json={
-                    "task": "echo", "payload": {"n": n}, "idempotency_key": f"{self.prefix}-{n}"})
+                    "task": self.task, "payload": {"n": n}, "idempotency_key": f"{self.prefix}-{n}"})
                 assert response.status_code in (200, 201), response.text
                 self.acknowledged[n] = response.json()["id"]
                 if self.interval:

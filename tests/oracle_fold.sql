@@ -1,8 +1,27 @@
 -- The test oracle: the fold as it was written before it became set-based, one
 -- event at a time in PL/pgSQL (0.1.0's job_apply/workflow_apply), kept in step
 -- with the event schema since. Installed only into test databases; the live
--- path and replay use events_fold (migrations/definitions/30_fold.sql), and the
--- property tests check that the two agree.
+-- path and replay use events_project (migrations/definitions/30_fold.sql), and
+-- the property tests (tests/test_fold.py, test_core_properties.py,
+-- test_replay_workload.py) check that the two agree.
+--
+-- Its rules repeat those of 0.1.0's job_apply in migrations/0002_projections.sql
+-- (a released migration, never edited; 0006 dropped the functions), and that is
+-- the point: an oracle written by event type, a row at a time, that shares no
+-- code with the set-based fold it checks (organised by column), so that a
+-- mistake in one is not in the other. Do not make the two share code.
+
+-- What every event does to its stream's row (of jobs or workflows): the status
+-- the state machine says, and the stream's position.
+CREATE OR REPLACE FUNCTION oracle_every_event(e events, machine text, from_status text, wanted text,
+                                              OUT status text, OUT id uuid, OUT version integer,
+                                              OUT updated_at timestamptz, OUT last_position bigint,
+                                              OUT chain bytea)
+LANGUAGE sql AS $$
+    SELECT coalesce(state_target(machine, from_status, e.type, wanted),
+                    state_refuse(machine, from_status, e.type, wanted, e.stream_id)),
+           e.stream_id, e.version, e.occurred_at, e.position, e.hash
+$$;
 
 CREATE OR REPLACE FUNCTION oracle_job_apply(s jobs, e events) RETURNS jobs LANGUAGE plpgsql AS $$
 DECLARE
@@ -15,15 +34,10 @@ BEGIN
     IF e.type = 'Enqueued' THEN
         wanted := coalesce(wanted, 'pending');
     END IF;
-    s.status := coalesce(state_target('job', s.status, e.type, wanted),
-                         state_refuse('job', s.status, e.type, wanted, e.stream_id));
-    s.version := e.version;
-    s.updated_at := e.occurred_at;
-    s.last_position := e.position;
-    s.chain := e.hash;
+    SELECT * INTO s.status, s.id, s.version, s.updated_at, s.last_position, s.chain
+      FROM oracle_every_event(e, 'job', s.status, wanted);
     CASE e.type
     WHEN 'Enqueued' THEN
-        s.id := e.stream_id;
         s.task := d ->> 'task';
         s.queue := coalesce(d ->> 'queue', 'default');
         s.priority := coalesce((d ->> 'priority')::integer, 0);
@@ -112,15 +126,10 @@ END $$;
 CREATE OR REPLACE FUNCTION oracle_workflow_apply(s workflows, e events) RETURNS workflows
 LANGUAGE plpgsql AS $$
 BEGIN
-    s.status := coalesce(state_target('workflow', s.status, e.type, NULL),
-                         state_refuse('workflow', s.status, e.type, NULL, e.stream_id));
-    s.version := e.version;
-    s.updated_at := e.occurred_at;
-    s.last_position := e.position;
-    s.chain := e.hash;
+    SELECT * INTO s.status, s.id, s.version, s.updated_at, s.last_position, s.chain
+      FROM oracle_every_event(e, 'workflow', s.status, NULL);
     CASE e.type
     WHEN 'WorkflowSubmitted' THEN
-        s.id := e.stream_id;
         s.name := e.data ->> 'name';
         s.tags := coalesce(e.tags, '{}');
         s.idempotency_key := e.data ->> 'idempotency_key';

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Annotated, Iterator
+from typing import Annotated, Callable, Iterator
 
 import psycopg
 from fastapi import Depends, Request
@@ -22,7 +22,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from qforge import replication
 from qforge.api.consistency import record_write, required_lsn
 from qforge.api.hub import EventHub
-from qforge.db import CONNECT_TIMEOUT_SECONDS, KEEPALIVES, make_pool, resolve_database_url
+from qforge.db import CONNECT_TIMEOUT_SECONDS, KEEPALIVES, behind_pooler, make_pool, resolve_database_url
 from qforge.settings import Settings
 
 log = logging.getLogger("qforge.api")
@@ -52,6 +52,7 @@ class Resources:
         self._standby_down_until = 0.0
         self.last_write_lsn = 0  # the newest write this process made, as a WAL position
         self.closed = False
+        self._timeout_said = False  # the pooler's warning about the statement timeout, said once
 
     @property
     def database_url(self) -> str:
@@ -74,8 +75,20 @@ class Resources:
         # Checked at checkout: after a failover every idle connection points at
         # the dead primary, and a request should not be the one to find out.
         return make_pool(url, min_size=1, max_size=16, name=name, timeout=5.0, check_on_checkout=True,
-                         configure=self._bound, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                         configure=self._bound_setup(), autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
                          **KEEPALIVES)
+
+    def _bound_setup(self) -> Callable[[psycopg.Connection], None] | None:
+        """The pool's `configure`: _bound, except behind a transaction pooler, where a session
+        setting would stay on a server connection the pooler hands to other clients; there the
+        timeout belongs on the roles (docs/operations/pgbouncer.md), and we say so once."""
+        if not behind_pooler(self.settings):
+            return self._bound
+        if self.settings.api_statement_timeout_seconds and not self._timeout_said:
+            self._timeout_said = True
+            log.warning("QFORGE_POOLER=transaction: QFORGE_API_STATEMENT_TIMEOUT_SECONDS is not set per connection;"
+                        " set statement_timeout on the API's roles instead (ALTER ROLE ... SET statement_timeout)")
+        return None
 
     def _bound(self, conn: psycopg.Connection) -> None:
         """Every API connection's statements end after QFORGE_API_STATEMENT_TIMEOUT_SECONDS: no

@@ -35,7 +35,7 @@ from psycopg.rows import dict_row
 from sse_starlette import ServerSentEvent
 
 from qforge import replication
-from qforge.db import CONNECT_TIMEOUT_SECONDS, KEEPALIVES, Backoff
+from qforge.db import CONNECT_TIMEOUT_SECONDS, KEEPALIVES, Backoff, direct_url, pooler_kwargs, say_polling
 from qforge.events import store
 from qforge.events.types import Event
 from qforge.sql import q
@@ -163,15 +163,24 @@ class EventHub:
 
     async def _run(self) -> None:
         backoff = Backoff()  # the workers' capped backoff: back within 2 s of the database
+        # Behind a transaction pooler LISTEN needs a direct connection (QFORGE_LISTEN_DATABASE_URL);
+        # without one the hub reads through the pooler every poll_seconds.
+        listen_url = direct_url(self.database_url)
+        if listen_url is None:
+            say_polling("the API's event hub", self.poll_seconds)
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                        self.database_url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
-                        **KEEPALIVES) as conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(store.EVENTS_CHANNEL)))
+                        listen_url or self.database_url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                        **KEEPALIVES, **pooler_kwargs()) as conn:
+                    if listen_url is not None:
+                        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(store.EVENTS_CHANNEL)))
                     if backoff.failures:
                         log.warning("event hub reconnected")
                     backoff.reset()
+                    while listen_url is None:
+                        await self._read(conn)
+                        await asyncio.sleep(self.poll_seconds)
                     while True:
                         await self._read(conn)
                         # Leave as soon as one notification arrives, or after the poll interval.
@@ -200,7 +209,8 @@ class EventHub:
         try:
             if self._read_conn is None or self._read_conn.closed:
                 self._read_conn = await psycopg.AsyncConnection.connect(
-                    self.read_url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES)
+                    self.read_url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES,
+                    **pooler_kwargs())
             if await replication.wait_replayed_async(self._read_conn, lsn, self.read_wait_seconds):
                 return self._read_conn
         except psycopg.OperationalError as exc:

@@ -9,7 +9,7 @@ import time
 
 import psycopg
 
-from qforge.db import EmbeddedPostgresError, connect, resolve_database_url
+from qforge.db import EmbeddedPostgresError, connect, direct_url, resolve_database_url
 from qforge.migrate import SchemaDrift, SchemaPending, check
 from qforge.settings import Settings
 
@@ -23,15 +23,28 @@ def complain(command: str, message: object) -> None:
     print(f"qforge {command}: {message}", file=sys.stderr, flush=True)
 
 
-def database_url(command: str, explicit: str | None, role: str | None = None) -> str | None:
+def database_url(command: str, explicit: str | None, role: str | None = None, *,
+                 session: bool = False) -> str | None:
     """The URL to use (starting the embedded server if need be), or None after saying why not.
     `role`: the process's own role (api, worker, monitor: docs/security.md); None: the schema
-    owner's."""
+    owner's. `session`: the command holds a session advisory lock across transactions
+    (migrate, archive, pack, replay), so behind a transaction pooler it needs the direct
+    connection (QFORGE_LISTEN_DATABASE_URL)."""
     try:
-        return resolve_database_url(explicit, role=role)
+        url = resolve_database_url(explicit, role=role)
     except EmbeddedPostgresError as exc:
         complain(command, exc)
         return None
+    return session_url(command, url) if session else url
+
+
+def session_url(command: str, url: str) -> str | None:
+    """`url`, or behind a transaction pooler the direct one; None after saying it is missing."""
+    direct = direct_url(url)
+    if direct is None:
+        complain(command, "QFORGE_POOLER=transaction: this command holds a session lock, which a transaction"
+                          " pooler cannot keep; set QFORGE_LISTEN_DATABASE_URL to a direct connection")
+    return direct
 
 
 def batch_job_url(command: str, args, shares: dict[str, float | None]) -> str | None:
@@ -45,7 +58,7 @@ def batch_job_url(command: str, args, shares: dict[str, float | None]) -> str | 
     if args.nice < 0:
         complain(command, f"--nice lowers the priority: N >= 0, not {args.nice}")
         return None
-    url = database_url(command, getattr(args, "database_url", None))
+    url = database_url(command, getattr(args, "database_url", None), session=True)
     if url is None or not wait_for_schema(command, url):
         return None
     os.nice(args.nice)  # a batch job: the queue's own processes on this machine go first

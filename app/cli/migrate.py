@@ -14,7 +14,7 @@ from qforge.migrate import SchemaError, describe, migrate, status
 
 def run(args: argparse.Namespace) -> int:
     """Exit 0: done (or, with --status, nothing wrong); 1: the schema drifted or the database failed."""
-    url = database_url("migrate", args.database_url)
+    url = database_url("migrate", args.database_url, session=True)
     if url is None:
         return 1
     try:

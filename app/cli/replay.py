@@ -9,6 +9,7 @@ from datetime import datetime
 
 import psycopg
 
+from qforge.cli.common import session_url
 from qforge.cli.progress import Progress
 from qforge.db import EmbeddedPostgresError, connect, resolve_database_url
 from qforge.projections.replay import (SCRATCH_SCHEMA, ReplayError, position_at, rebuild, replay,
@@ -34,7 +35,9 @@ def run(args: argparse.Namespace) -> int:
         print("qforge replay: --as-of must be a log position (0 or more)", file=sys.stderr)
         return 2
     try:
-        url = resolve_database_url(getattr(args, "database_url", None))
+        url = session_url("replay", resolve_database_url(getattr(args, "database_url", None)))
+        if url is None:
+            return 2
         archive = getattr(args, "archive", None)
         if archive is not None and not archive.is_dir():
             print(f"qforge replay: {archive} is not a directory", file=sys.stderr)

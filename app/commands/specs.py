@@ -11,8 +11,9 @@ import math
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from qforge.commands.errors import Invalid
 from qforge.workflows import dag
 
 NAME_PATTERN = r"^[A-Za-z0-9_.:\-]{1,200}$"
@@ -230,10 +231,6 @@ def parse_spec(model: type[BaseModel], data: Any) -> Any:
     """`data` validated by `model` (JobSpec, WorkflowSpec...), or Invalid with one
     {"field", "message"} detail per problem: how the SDK and qforge.enqueue refuse bad input
     before anything is sent."""
-    from pydantic import ValidationError
-
-    from qforge.commands.errors import Invalid
-
     if isinstance(data, model):
         return data
     try:

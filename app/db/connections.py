@@ -1,8 +1,9 @@
 """Connections and pools: opening them, the pools' reconnect policy, and URLs.
 
 Every connection QForge opens goes through here, so the settings that shape a
-connection (the JSON loader, keepalives, the pools' reconnect policy) are
-decided in one place.
+connection (the JSON loader, keepalives, the pools' reconnect policy, and
+behind a transaction pooler no server-side prepared statements) are decided
+in one place.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool
+
+from qforge.settings import Settings, get_settings
 
 _log = logging.getLogger("qforge.db")
 
@@ -42,7 +45,62 @@ def use_fast_json(conn: psycopg.Connection | psycopg.AsyncConnection) -> None:
 def connect(url: str, **kwargs: Any) -> psycopg.Connection:
     """Open a connection (``autocommit=False`` unless given; pass ``row_factory=dict_row`` for dicts)."""
     kwargs.setdefault("autocommit", False)
-    return psycopg.connect(url, **kwargs)
+    return psycopg.connect(url, **pooler_kwargs(), **kwargs)
+
+
+# --------------------------------------------------------------------------
+# Behind a transaction pooler (QFORGE_POOLER=transaction, docs/operations/pgbouncer.md)
+#
+# PgBouncer in transaction mode hands a client's next transaction to whichever
+# server connection is free. So nothing may outlive a transaction on a pooled
+# connection: no prepared statement (psycopg prepares a statement after its
+# fifth run, and PgBouncer 1.18 does not carry prepared statements across
+# server connections: `prepared statement "_pg3_0" does not exist`), no SET or
+# set_config(..., false), no session advisory lock, no LISTEN. What needs a
+# session (LISTEN, the session locks of the monitor's leadership, migrate,
+# archive, pack, replay) goes to QFORGE_LISTEN_DATABASE_URL, a direct
+# connection; without it LISTEN gives way to polling. Without QFORGE_POOLER
+# none of this applies and nothing changes.
+
+_polling_said: set[str] = set()
+
+
+def behind_pooler(settings: Settings | None = None) -> bool:
+    """True with QFORGE_POOLER=transaction."""
+    return (settings or get_settings()).pooler == "transaction"
+
+
+def pooler_kwargs(settings: Settings | None = None) -> dict[str, Any]:
+    """psycopg options every pooled connection needs: none without a pooler; behind a
+    transaction pooler no prepared statements (prepare_threshold=None)."""
+    return {"prepare_threshold": None} if behind_pooler(settings) else {}
+
+
+def direct_url(url: str, settings: Settings | None = None) -> str | None:
+    """The URL for what needs a session of its own (LISTEN, a session advisory lock): `url`
+    itself without a pooler; behind a transaction pooler QFORGE_LISTEN_DATABASE_URL (logged in
+    as `url` is, unless it names a user of its own); None when that is not set."""
+    settings = settings or get_settings()
+    if not behind_pooler(settings):
+        return url
+    listen = settings.listen_database_url
+    if not listen:
+        return None
+    if url_login(listen)[0] is None:
+        user, password = url_login(url)
+        if user is not None:
+            return with_credentials(listen, user, password)
+    return listen
+
+
+def say_polling(what: str, seconds: float) -> None:
+    """One log line per process and `what`: behind the pooler without a direct URL, `what`
+    polls every `seconds` instead of waiting for NOTIFY."""
+    if what not in _polling_said:
+        _polling_said.add(what)
+        _log.warning("QFORGE_POOLER=transaction without QFORGE_LISTEN_DATABASE_URL: %s polls every %gs"
+                     " instead of LISTEN (set QFORGE_LISTEN_DATABASE_URL to a direct connection to wake at once)",
+                     what, seconds)
 
 
 CONNECT_TIMEOUT_SECONDS = 5
@@ -151,6 +209,7 @@ def make_pool(
     ``check_on_checkout`` costs one round trip per checkout and hands out no
     connection that died while idle (e.g. to a primary that was replaced).
     """
+    connection_kwargs = {**pooler_kwargs(), **connection_kwargs}
     pool = ReconnectingPool(
         url,
         min_size=min_size,

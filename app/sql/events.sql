@@ -31,26 +31,27 @@ SELECT h.stream_type, h.stream_id, h.version, h.type, h.schema_version, h.data, 
  ORDER BY h.n
 RETURNING position, stream_id, type
 
--- name: events_of_stream
+-- name: events_read
+-- The reads of events_of_stream and events_of_workflow (where they say
+-- `-- include: events_read`, after their CTE `logged`: the events to read).
 -- Readers get the current shape of every event (event_upcast_*) and its
 -- stream's tags (stored on a stream's first event only, kept on its row).
 SELECT e.position, e.xid, e.stream_type, e.stream_id, e.version, e.type,
        event_upcast_version(e.type, e.schema_version) AS schema_version,
        event_read_data(e.type, e.schema_version, e.data, e.actor, e.occurred_at) AS data,
        coalesce(e.tags, j.tags, w.tags, '{}') AS tags, e.workflow_id, e.occurred_at, e.actor
-  FROM log_stream(%(stream_id)s) e
+  FROM logged e
   LEFT JOIN jobs j ON e.stream_type = 'job' AND j.id = e.stream_id
   LEFT JOIN workflows w ON e.stream_type = 'workflow' AND w.id = e.stream_id
+
+-- name: events_of_stream
+WITH logged AS (SELECT * FROM log_stream(%(stream_id)s))
+-- include: events_read
  ORDER BY e.version
 
 -- name: events_of_workflow
-SELECT e.position, e.xid, e.stream_type, e.stream_id, e.version, e.type,
-       event_upcast_version(e.type, e.schema_version) AS schema_version,
-       event_read_data(e.type, e.schema_version, e.data, e.actor, e.occurred_at) AS data,
-       coalesce(e.tags, j.tags, w.tags, '{}') AS tags, e.workflow_id, e.occurred_at, e.actor
-  FROM log_workflow(%(workflow_id)s) e
-  LEFT JOIN jobs j ON e.stream_type = 'job' AND j.id = e.stream_id
-  LEFT JOIN workflows w ON e.stream_type = 'workflow' AND w.id = e.stream_id
+WITH logged AS (SELECT * FROM log_workflow(%(workflow_id)s))
+-- include: events_read
  ORDER BY e.position
 
 -- name: events_after

@@ -1,14 +1,15 @@
--- name: job_enqueue
--- One Enqueued event per new job; events_project() creates the rows. A
--- stream's first event carries its tags; its hash starts the stream's chain
--- (event_hash_fixed: the encoding's part shared by the statement's events is
--- computed once, see 10_log.sql; at is the same now() for all of them).
--- (Jobs with an idempotency key go through job_enqueue_keyed.)
-WITH input AS (
-    SELECT j.id, j.data, nullif(j.tags, '{}') AS tags, j.workflow_id,
-           coalesce(%(now)s::timestamptz, now()) AS at
-      FROM jsonb_to_recordset(%(jobs)s::jsonb) AS j(id uuid, data jsonb, tags jsonb, workflow_id uuid)
-)
+-- name: job_enqueue_input
+-- The new jobs of job_enqueue and job_enqueue_keyed (their CTE `input`, where
+-- they say `-- include: job_enqueue_input`), at the same now() for all.
+SELECT j.id, j.data, nullif(j.tags, '{}') AS tags, j.workflow_id,
+       coalesce(%(now)s::timestamptz, now()) AS at
+  FROM jsonb_to_recordset(%(jobs)s::jsonb) AS j(id uuid, data jsonb, tags jsonb, workflow_id uuid)
+
+-- name: job_enqueue_append
+-- Their Enqueued events (where they say `-- include: job_enqueue_append`),
+-- one per row of `input`. A stream's first event carries its tags; its hash
+-- starts the stream's chain (event_hash_fixed: the encoding's part shared by
+-- the statement's events is computed once, see 10_log.sql).
 INSERT INTO events (stream_type, stream_id, version, type, data, tags, workflow_id, occurred_at, actor,
                     hash)
 SELECT 'job', i.id, 1, 'Enqueued', i.data, i.tags, i.workflow_id, i.at, %(actor)s,
@@ -17,28 +18,28 @@ SELECT 'job', i.id, 1, 'Enqueued', i.data, i.tags, i.workflow_id, i.at, %(actor)
                         i.workflow_id, i.tags, i.data)
   FROM input i
 
+-- name: job_enqueue
+-- One Enqueued event per new job; events_project() creates the rows.
+-- (Jobs with an idempotency key go through job_enqueue_keyed.)
+WITH input AS (
+    -- include: job_enqueue_input
+)
+-- include: job_enqueue_append
+
 -- name: job_enqueue_keyed
 -- The same, where some jobs carry an idempotency key: the key goes into
 -- idempotency_keys first, and a repeated key conflicts there and its job is
 -- not appended (ON CONFLICT waits for a concurrent inserter, so two racing
 -- enqueues with one key make one job).
 WITH input AS (
-    SELECT j.id, j.data, nullif(j.tags, '{}') AS tags, j.workflow_id,
-           coalesce(%(now)s::timestamptz, now()) AS at
-      FROM jsonb_to_recordset(%(jobs)s::jsonb) AS j(id uuid, data jsonb, tags jsonb, workflow_id uuid)
+    -- include: job_enqueue_input
 ), keyed AS (
     INSERT INTO idempotency_keys (stream_type, key, stream_id)
     SELECT 'job', i.data ->> 'idempotency_key', i.id FROM input i WHERE i.data ? 'idempotency_key'
     ON CONFLICT DO NOTHING
     RETURNING stream_id
 )
-INSERT INTO events (stream_type, stream_id, version, type, data, tags, workflow_id, occurred_at, actor,
-                    hash)
-SELECT 'job', i.id, 1, 'Enqueued', i.data, i.tags, i.workflow_id, i.at, %(actor)s,
-       event_hash_fixed(NULL, i.id, 1, (SELECT event_canonical_v1_fixed(1::smallint,
-                            coalesce(%(now)s::timestamptz, now()), 'job', 'Enqueued', %(actor)s)),
-                        i.workflow_id, i.tags, i.data)
-  FROM input i
+-- include: job_enqueue_append
  WHERE NOT i.data ? 'idempotency_key' OR i.id IN (SELECT stream_id FROM keyed)
 RETURNING stream_id
 
@@ -391,6 +392,18 @@ SELECT j.id, j.version, j.workflow_id, j.chain, j.attempts, j.free_attempts, j.m
  ORDER BY j.id
    FOR UPDATE OF j
 
+-- name: job_report_append
+-- The event of job_heartbeat, job_complete and job_release (included where
+-- they say `-- include: job_report_append`, after their CTE `target`: the
+-- fenced rows and each one's event data), chained to the job's last hash.
+INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
+SELECT 'job', t.id, t.version + 1, f.event, t.data, t.workflow_id, t.at, %(actor)s,
+       event_hash_fixed(t.chain, t.id, t.version + 1,
+                        (SELECT event_canonical_v1_fixed(1::smallint, coalesce(%(now)s::timestamptz, now()),
+                                                         'job', f.event, %(actor)s) FROM fence f),
+                        t.workflow_id, NULL, t.data)
+  FROM target t, fence f
+
 -- name: job_heartbeat
 -- Fenced (job_current_attempt): only the current attempt of a running job may
 -- beat. Rows that do not match are not returned, and the worker stops those tasks.
@@ -399,11 +412,7 @@ WITH fence(event) AS (VALUES ('Heartbeat')), fenced AS (
 ), target AS (
     SELECT f.*, jsonb_build_object('attempt', f.attempts) AS data FROM fenced f
 )
-INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
-SELECT 'job', t.id, t.version + 1, 'Heartbeat', t.data, t.workflow_id, t.at, %(actor)s,
-       event_hash(t.chain, 'job', t.id, t.version + 1, 'Heartbeat', 1::smallint, t.data, NULL,
-                  t.workflow_id, t.at, %(actor)s)
-  FROM target t
+-- include: job_report_append
 RETURNING stream_id AS id
 
 -- name: job_complete
@@ -418,13 +427,7 @@ WITH fence(event) AS (VALUES ('Succeeded')), fenced AS (
                    ELSE jsonb_build_object('result', f.result) END AS data
       FROM fenced f
 )
-INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
-SELECT 'job', t.id, t.version + 1, 'Succeeded', t.data, t.workflow_id, t.at, %(actor)s,
-       event_hash_fixed(t.chain, t.id, t.version + 1,
-                        (SELECT event_canonical_v1_fixed(1::smallint, coalesce(%(now)s::timestamptz, now()),
-                                                         'job', 'Succeeded', %(actor)s)),
-                        t.workflow_id, NULL, t.data)
-  FROM target t
+-- include: job_report_append
 RETURNING stream_id AS id, workflow_id
 
 -- name: job_fail

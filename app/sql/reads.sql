@@ -42,6 +42,15 @@ SELECT workflow_id, element_of IS NOT NULL AS element, status, count(*) AS n
  WHERE workflow_id = ANY(%(ids)s::uuid[])
  GROUP BY workflow_id, element_of IS NOT NULL, status
 
+-- name: executions_tagged_all
+-- A condition of both walks of executions_by_tags (where they say `-- include:
+-- executions_tagged_all`): the execution t carries every wanted tag, a
+-- primary-key probe of execution_tags each.
+        AND NOT EXISTS (SELECT 1 FROM wanted x
+                         WHERE NOT EXISTS (SELECT 1 FROM execution_tags o
+                                            WHERE o.key = x.key AND o.value = x.value
+                                              AND o.kind = t.kind AND o.id = t.id))
+
 -- name: executions_by_tags
 -- Everything that carries ALL the given tags, newest first, paged in the database: the
 -- first tag's index range of execution_tags (primary key (key, value, kind, id)) is walked
@@ -63,10 +72,7 @@ WITH wanted AS (
        JOIN jobs j ON j.id = t.id
       WHERE %(wait_type)s::text IS NULL
         AND (%(after_id)s::uuid IS NULL OR t.id < %(after_id)s::uuid)
-        AND NOT EXISTS (SELECT 1 FROM wanted w
-                         WHERE NOT EXISTS (SELECT 1 FROM execution_tags o
-                                            WHERE o.key = w.key AND o.value = w.value
-                                              AND o.kind = 'job' AND o.id = t.id))
+        -- include: executions_tagged_all
         AND (%(actor)s::text IS NULL
              OR EXISTS (SELECT 1 FROM log_stream(t.id) e WHERE e.actor = %(actor)s))
       ORDER BY t.id DESC
@@ -77,10 +83,7 @@ WITH wanted AS (
        JOIN execution_tags t ON t.key = f.key AND t.value = f.value AND t.kind = 'workflow'
        JOIN workflows w ON w.id = t.id
       WHERE (%(after_id)s::uuid IS NULL OR t.id < %(after_id)s::uuid)
-        AND NOT EXISTS (SELECT 1 FROM wanted x
-                         WHERE NOT EXISTS (SELECT 1 FROM execution_tags o
-                                            WHERE o.key = x.key AND o.value = x.value
-                                              AND o.kind = 'workflow' AND o.id = t.id))
+        -- include: executions_tagged_all
         AND (%(actor)s::text IS NULL
              OR EXISTS (SELECT 1 FROM log_stream(t.id) e WHERE e.actor = %(actor)s)
              OR EXISTS (SELECT 1 FROM log_workflow(t.id) e WHERE e.actor = %(actor)s))

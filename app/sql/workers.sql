@@ -46,17 +46,23 @@ WITH fence(event) AS (VALUES ('Released')), fenced AS (
     SELECT f.*, jsonb_build_object('attempt', f.attempts, 'reason', %(reason)s::text) AS data
       FROM fenced f
 )
-INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
-SELECT 'job', t.id, t.version + 1, 'Released', t.data, t.workflow_id, t.at, %(actor)s,
-       event_hash(t.chain, 'job', t.id, t.version + 1, 'Released', 1::smallint, t.data, NULL,
-                  t.workflow_id, t.at, %(actor)s)
-  FROM target t
+-- include: job_report_append
 RETURNING stream_id AS id
 
 -- name: monitor_try_lead
 -- Monitor leadership: a session advisory lock, held until the leader's
 -- connection ends (so a dead leader frees it without anyone's help).
 SELECT pg_try_advisory_lock(%(key)s)
+
+-- name: monitor_try_lead_xact
+-- The same lock for the length of the transaction: behind a transaction pooler
+-- without a direct connection the leader keeps that transaction open
+-- (qforge.workers.leadership says why that is safe).
+SELECT pg_try_advisory_xact_lock(%(key)s)
+
+-- name: monitor_still_leads
+-- The leader's transaction is still there (behind a transaction pooler).
+SELECT 1
 
 -- name: counters_compact
 -- Fold the counters' deltas into queue_counts (rows, see definitions/35_counters.sql).

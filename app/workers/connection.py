@@ -7,7 +7,7 @@ from typing import Any, Callable, TypeVar
 
 import psycopg
 
-from qforge.db import CONNECT_TIMEOUT_SECONDS, KEEPALIVES, Backoff, use_fast_json  # noqa: F401  (re-exported)
+from qforge.db import CONNECT_TIMEOUT_SECONDS, KEEPALIVES, Backoff, pooler_kwargs, use_fast_json  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (psycopg.OperationalError, p
 def connect(url: str, application_name: str, **kwargs: Any) -> psycopg.Connection:
     """An autocommit connection (so each command's transaction() is a real transaction)."""
     conn = psycopg.connect(url, autocommit=True, application_name=application_name[:63],
-                           connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES, **kwargs)
+                           connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES, **pooler_kwargs(), **kwargs)
     use_fast_json(conn)
     return conn
 
@@ -31,7 +31,7 @@ def connect(url: str, application_name: str, **kwargs: Any) -> psycopg.Connectio
 async def connect_async(url: str, application_name: str) -> psycopg.AsyncConnection:
     conn = await psycopg.AsyncConnection.connect(
         url, autocommit=True, application_name=application_name[:63],
-        connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES)
+        connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES, **pooler_kwargs())
     use_fast_json(conn)
     return conn
 
@@ -73,11 +73,16 @@ class Reconnecting:
 
     def close(self) -> None:
         conn, self.conn = self.conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # closing a broken connection must not mask why it broke
-                log.debug("error closing a connection", exc_info=True)
+        close_quietly(conn)
+
+
+def close_quietly(conn: psycopg.Connection | None) -> None:
+    """Close `conn` if any, logging (at debug) rather than raising what closing a broken one raises."""
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:  # closing a broken connection must not mask why it broke
+            log.debug("error closing a connection", exc_info=True)
 
 
 def describe(exc: BaseException) -> str:

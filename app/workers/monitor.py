@@ -1,10 +1,12 @@
 """The monitor: one leader at a time recovers stale jobs, fires timers, marks silent workers gone, checkpoints, archives and packs the log.
 
-Leadership is a session advisory lock held by the monitor's own connection.
+Leadership is an advisory lock (qforge.workers.leadership: on the monitor's own
+connection, or behind a transaction pooler on a connection of its own).
 Any number of monitors may run: the others retry the lock every tick, and when
 the leader dies its connection closes, the lock frees and one of them takes
-over. The leader does its work on that same connection, so if the connection
-breaks it stops acting at once (its lock is gone too) and competes again.
+over. Without a pooler the leader does its work on that same connection, so if
+the connection breaks it stops acting at once (its lock is gone too) and
+competes again; behind one it checks its lock's connection before each tick.
 Archiving and packing closed partitions of the log (qforge.log.archive,
 .pack) take minutes for a big partition: the leader runs them on a thread and a
 connection of its own (LogKeeper), so the tick's duties never wait for them.
@@ -27,8 +29,7 @@ from qforge.commands.manage import recover_stale
 from qforge.log.archive import archive
 from qforge.log.pack import pack
 from qforge.commands.schedules import fire_due, next_due
-from qforge.workflows.subflows import finish_parents
-from qforge.workflows.submit import fire_deadlines, fire_timers
+from qforge.workflows.engine import finish_parents, fire_deadlines, fire_timers
 from qforge.audit import checkpoints as audit
 from qforge.audit import witness
 from qforge.projections import serving
@@ -36,13 +37,12 @@ from qforge.projections.stats import queue_stats
 from qforge.settings import Settings, get_settings
 from qforge.warn_once import OncePerInterval
 from qforge.sql import q
-from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, connect, describe
+from qforge.db import direct_url
+from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, close_quietly, connect, describe
+from qforge.workers.leadership import Leadership
 
 log = logging.getLogger("qforge.monitor")
 UNSERVED_CHECK_SECONDS = 5.0  # how often the leader looks for due jobs no live worker takes
-
-# Fixed key of the leadership lock ("QForge" in ASCII plus 2; migrations use +1).
-MONITOR_LOCK_KEY = 0x5146_6F72_6765_0002
 BATCH_LIMIT = 100  # stale jobs or timers per transaction; a tick repeats until fewer come back
 SLEEP_SLICE_SECONDS = 0.05  # how quickly a sleeping monitor notices a signal
 
@@ -60,6 +60,7 @@ class Monitor:
         self.look_for_unserved_at = float("-inf")  # next look for due jobs no worker takes (monotonic)
         self.unserved = OncePerInterval(log)
         self.keeper: LogKeeper | None = None
+        self.lead = Leadership(url, name, self.settings)
 
     def stop(self, *_: object) -> None:
         """Signal-safe: only sets a flag that the loop checks."""
@@ -87,15 +88,8 @@ class Monitor:
                             log.info("database back after %.1fs; recovering stale jobs again in %gs",
                                      time.monotonic() - outage_since, self.settings.stale_seconds)
                             outage_since = None
-                    if not leader:
-                        leader = _try_lock(conn)
-                        if leader:
-                            log.info("monitor %s is the leader", self.name)
-                            waiting_logged = False
-                            self._start_keeper()
-                        elif not waiting_logged:
-                            log.info("monitor %s is waiting: another monitor leads", self.name)
-                            waiting_logged = True
+                    if not (leader and self.lead.holds()):
+                        leader, waiting_logged = self._compete(conn, leader, waiting_logged)
                     pause = tick
                     if leader:
                         self.tick(conn)
@@ -108,7 +102,8 @@ class Monitor:
                             outage_since = time.monotonic()
                             log.warning("database unavailable (%s)%s; reconnecting", describe(exc),
                                         ": no longer leading" if leader else "")
-                        _close(conn)
+                        close_quietly(conn)
+                        self.lead.release()
                         conn, leader = None, False
                     else:  # a deadlock or a cancelled statement: the session (and its lock) survive
                         log.warning("tick failed (%s); retrying", describe(exc))
@@ -117,17 +112,37 @@ class Monitor:
                     log.exception("unexpected database error; retrying")
                     self._sleep(max(tick, backoff.next_delay()))
         finally:
-            _close(conn)  # frees the lock now rather than when the server notices
+            close_quietly(conn)  # frees the lock now rather than when the server notices
+            self.lead.release()
             if self.keeper is not None:
                 self.keeper.stop()
         log.info("monitor %s stopped", self.name)
         return 0
 
+    def _compete(self, conn: psycopg.Connection, was_leader: bool, waiting_logged: bool) -> tuple[bool, bool]:
+        """Try to lead (again, if `was_leader` and the lock was lost): (leading now, "waiting" said)."""
+        if was_leader:
+            log.warning("monitor %s no longer leads", self.name)
+        if self.lead.take(conn):
+            log.info("monitor %s is the leader", self.name)
+            self._start_keeper()
+            return True, False
+        if not waiting_logged:
+            log.info("monitor %s is waiting: another monitor leads", self.name)
+        return False, True
+
     def _start_keeper(self) -> None:
         """The leader keeps the log: closes, archives and packs partitions (once started it goes
         on even if leadership passes: archive and pack take turns through their own lock)."""
         if self.keeper is None and LogKeeper.wanted(self.settings):
-            self.keeper = LogKeeper(self.url, self.settings)
+            # Archive and pack hold a session lock across many transactions: behind a transaction
+            # pooler they need the direct connection.
+            url = direct_url(self.url, self.settings)
+            if url is None:
+                log.warning("QFORGE_POOLER=transaction without QFORGE_LISTEN_DATABASE_URL: the monitor does not"
+                            " pack, archive or close partitions of the log (their lock needs a direct connection)")
+                return
+            self.keeper = LogKeeper(url, self.settings)
             self.keeper.start()
 
     def _until_next_schedule(self, conn: psycopg.Connection, tick: float) -> float:
@@ -290,20 +305,6 @@ class LogKeeper(threading.Thread):
             boundary = conn.execute(q("archive_close_current")).fetchone()[0]
             log.info("closed the partition being written (its oldest event is older than %s):"
                      " new appends start at position %d", max_age, boundary)
-
-
-def _close(conn: psycopg.Connection | None) -> None:
-    if conn is not None:
-        try:
-            conn.close()
-        except Exception:  # closing a broken connection must not mask why it broke
-            log.debug("error closing a connection", exc_info=True)
-
-
-def _try_lock(conn: psycopg.Connection) -> bool:
-    with conn.cursor(row_factory=tuple_row) as cur:
-        row = cur.execute(q("monitor_try_lead"), {"key": MONITOR_LOCK_KEY}).fetchone()
-    return bool(row and row[0])
 
 
 def _drain(batch: Callable[[], list]) -> list:

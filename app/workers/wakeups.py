@@ -15,6 +15,7 @@ import time
 
 from psycopg import sql
 
+from qforge.db import direct_url, say_polling
 from qforge.events.store import JOBS_CHANNEL
 from qforge.sql import q
 from qforge.workers.connection import TRANSIENT_ERRORS, Backoff, connect_async, describe
@@ -74,10 +75,14 @@ class Wakeups:
 
     async def _listen(self) -> None:
         """Wake the loop when jobs become pending in our queues (LISTEN on a connection of its own)."""
+        url = direct_url(self.url, self.settings)  # behind a transaction pooler: QFORGE_LISTEN_DATABASE_URL
+        if url is None:  # none: _serve's poll every QFORGE_POLL_INTERVAL_SECONDS finds the work
+            say_polling(f"worker {self.name}", self.settings.poll_interval_seconds)
+            return
         backoff = Backoff()
         while True:
             try:
-                conn = await connect_async(self.url, f"qforge-worker {self.name} listen")
+                conn = await connect_async(url, f"qforge-worker {self.name} listen")
                 try:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(JOBS_CHANNEL)))
                     backoff.reset()

@@ -40,6 +40,7 @@ from qforge import tracing
 from qforge.commands import workers
 from qforge.commands.claim import ClaimedJob, plan_generically
 from qforge.commands.report import Report
+from qforge.db import behind_pooler
 from qforge.settings import Settings, get_settings
 from qforge.workers.sandbox import TaskPolicy
 from qforge.workers import reporting
@@ -93,7 +94,9 @@ class Worker(Wakeups, Exchanges):
                                        started_at=datetime.now(timezone.utc),
                                        tasks=tuple(sorted({*registered_task_names(), "http",
                                                            *(["shell"] if allow_shell else [])})))
-        self.db = Reconnecting(url, f"qforge-worker {name}", setup=plan_generically)
+        # A session-wide plan setting would stay on a server connection a transaction pooler shares.
+        self.db = Reconnecting(url, f"qforge-worker {name}",
+                               setup=None if behind_pooler(self.settings) else plan_generically)
         self.db_thread = ThreadPoolExecutor(1, thread_name_prefix="qforge-db")
         # Runs of code workflows read their workflow's rows on a connection of their own, so a read
         # does not queue behind the exchanges (made on first use: most workers never need it).

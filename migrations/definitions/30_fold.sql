@@ -47,6 +47,20 @@
 -- WorkflowCancelled  error, finished_at
 -- WorkflowResumed    error, finished_at, result, deadline_at
 
+-- A round of the fold's UPDATEs (below) applied `done` more events of a stream type,
+-- `applied` before it, `expected` in all: how many now. A round that applies
+-- none while some are left means they do not follow their stream's version.
+CREATE OR REPLACE FUNCTION events_project_round(p_stream_type text, p_applied bigint, p_done bigint,
+                                                p_expected bigint) RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_done = 0 AND p_applied < p_expected THEN
+        RAISE EXCEPTION '% events out of order: % of % did not follow their stream''s version'
+                        ' (a concurrent append of the same version, or an unknown stream)',
+                        p_stream_type, p_expected - p_applied, p_expected USING ERRCODE = 'unique_violation';
+    END IF;
+    RETURN p_applied + p_done;
+END $$;
+
 CREATE OR REPLACE FUNCTION events_project() RETURNS trigger LANGUAGE plpgsql
 -- The sets folded here are small next to the tables they update: every join
 -- must be an index lookup per event. The planner cannot know the size of a
@@ -101,10 +115,7 @@ BEGIN
     applied := 0;
     WHILE applied < expected_jobs LOOP
         UPDATE jobs j SET
-            version = e.version,
-            updated_at = e.occurred_at,
-            last_position = e.position,
-            chain = e.hash,
+            version = e.version, updated_at = e.occurred_at, last_position = e.position, chain = e.hash,
             status = coalesce(state_target('job', j.status, e.type, e.d ->> 'status'),
                               state_refuse('job', j.status, e.type, e.d ->> 'status', e.stream_id)),
             -- every claim bumps attempts: the fencing token of later reports
@@ -162,14 +173,8 @@ BEGIN
                 OFFSET 0) e
          WHERE j.id = e.stream_id AND e.version = j.version + 1;
         GET DIAGNOSTICS done = ROW_COUNT;
-        EXIT WHEN done = 0;
-        applied := applied + done;
+        applied := events_project_round('job', applied, done, expected_jobs);
     END LOOP;
-    IF applied <> expected_jobs THEN
-        RAISE EXCEPTION 'job events out of order: % of % did not follow their stream''s version'
-                        ' (a concurrent append of the same version, or an unknown stream)',
-                        expected_jobs - applied, expected_jobs USING ERRCODE = 'unique_violation';
-    END IF;
 
     -- New workflows, then the later events of workflows.
     IF new_workflows > 0 THEN
@@ -196,10 +201,7 @@ BEGIN
     applied := 0;
     WHILE applied < expected_workflows LOOP
         UPDATE workflows w SET
-            version = e.version,
-            updated_at = e.occurred_at,
-            last_position = e.position,
-            chain = e.hash,
+            version = e.version, updated_at = e.occurred_at, last_position = e.position, chain = e.hash,
             status = coalesce(state_target('workflow', w.status, e.type, NULL),
                               state_refuse('workflow', w.status, e.type, NULL, e.stream_id)),
             -- a resumed workflow runs again: no error, no end, no result yet
@@ -220,13 +222,8 @@ BEGIN
          WHERE e.stream_type = 'workflow' AND e.version > 1
            AND w.id = e.stream_id AND e.version = w.version + 1;
         GET DIAGNOSTICS done = ROW_COUNT;
-        EXIT WHEN done = 0;
-        applied := applied + done;
+        applied := events_project_round('workflow', applied, done, expected_workflows);
     END LOOP;
-    IF applied <> expected_workflows THEN
-        RAISE EXCEPTION 'workflow events out of order: % of % did not follow their stream''s version',
-                        expected_workflows - applied, expected_workflows USING ERRCODE = 'unique_violation';
-    END IF;
 
     -- Tags never change after creation, so tag search is an insert-only table.
     IF tagged > 0 THEN
@@ -241,6 +238,4 @@ END $$;
 
 -- The live projection: every INSERT INTO events folds its events in the
 -- inserting statement, so the read model can never lag or drift from the log.
-CREATE OR REPLACE TRIGGER events_project AFTER INSERT ON events
-    REFERENCING NEW TABLE AS new_events
-    FOR EACH STATEMENT EXECUTE FUNCTION events_project();
+SELECT events_fold_with('events_project', 'events_project');

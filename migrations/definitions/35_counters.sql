@@ -45,13 +45,7 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE OR REPLACE TRIGGER jobs_counted_insert AFTER INSERT ON jobs
-    REFERENCING NEW TABLE AS new_jobs FOR EACH STATEMENT EXECUTE FUNCTION jobs_counted_insert();
-CREATE OR REPLACE TRIGGER jobs_counted_update AFTER UPDATE ON jobs
-    REFERENCING OLD TABLE AS old_jobs NEW TABLE AS new_jobs
-    FOR EACH STATEMENT EXECUTE FUNCTION jobs_counted_update();
-CREATE OR REPLACE TRIGGER jobs_counted_delete AFTER DELETE ON jobs
-    REFERENCING OLD TABLE AS old_jobs FOR EACH STATEMENT EXECUTE FUNCTION jobs_counted_delete();
+SELECT jobs_kept_by('jobs_counted');
 
 -- Fold the deltas into queue_counts (the monitor's leader, every tick). Rows
 -- of transactions still running are not seen and stay for the next time.

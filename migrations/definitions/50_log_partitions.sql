@@ -193,6 +193,18 @@ $$;
 -- clauses): a window touches a few thousand rows, and a plan on stale or
 -- missing statistics that hashes the whole of execution_tags (or scans it in
 -- a loop) would do so for every window.
+-- The workflows that may leave before `before` (both releases below): finished
+-- before it, and every step of theirs too. Plain SQL and STABLE, so the planner
+-- inlines it into the calling statement, which plans as if it were written there.
+CREATE OR REPLACE FUNCTION archive_leaving_workflows(before bigint, job_done text[], workflow_done text[])
+RETURNS TABLE (id uuid) LANGUAGE sql STABLE AS $$
+    SELECT w.id FROM workflows w
+     WHERE w.status = ANY(workflow_done) AND w.last_position < before
+       AND NOT EXISTS (SELECT FROM jobs j
+                        WHERE j.workflow_id = w.id
+                          AND NOT (j.status = ANY(job_done) AND j.last_position < before))
+$$;
+
 DROP FUNCTION IF EXISTS archive_release_workflows(bigint, text[], text[], uuid, integer);
 CREATE OR REPLACE FUNCTION archive_release_workflows(before bigint, job_done text[], workflow_done text[],
                                                      from_position bigint, to_position bigint)
@@ -210,11 +222,7 @@ BEGIN
         SELECT DISTINCT coalesce(e.workflow_id, e.stream_id) AS id FROM log_range(from_position, to_position) e
          WHERE (e.workflow_id IS NOT NULL OR e.stream_type = 'workflow')
     ), leaving AS (
-        SELECT w.id FROM workflows w JOIN scanned s ON s.id = w.id
-         WHERE w.status = ANY(workflow_done) AND w.last_position < before
-           AND NOT EXISTS (SELECT FROM jobs j
-                            WHERE j.workflow_id = w.id
-                              AND NOT (j.status = ANY(job_done) AND j.last_position < before))
+        SELECT l.id FROM archive_leaving_workflows(before, job_done, workflow_done) l JOIN scanned s ON s.id = l.id
     ), gone_jobs AS (
         DELETE FROM jobs j
          WHERE j.workflow_id IN (SELECT id FROM leaving)
@@ -275,11 +283,7 @@ END $$;
 CREATE OR REPLACE FUNCTION archive_release(before bigint, job_done text[], workflow_done text[])
 RETURNS TABLE (jobs_released bigint, workflows_released bigint) LANGUAGE sql AS $$
     WITH leaving_workflows AS (
-        SELECT w.id FROM workflows w
-         WHERE w.status = ANY(workflow_done) AND w.last_position < before
-           AND NOT EXISTS (SELECT FROM jobs j
-                            WHERE j.workflow_id = w.id
-                              AND NOT (j.status = ANY(job_done) AND j.last_position < before))
+        SELECT l.id FROM archive_leaving_workflows(before, job_done, workflow_done) l
     ), gone_jobs AS (
         DELETE FROM jobs j
          WHERE j.status = ANY(job_done) AND j.last_position < before

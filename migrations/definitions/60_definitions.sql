@@ -51,6 +51,4 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE OR REPLACE TRIGGER events_project_definitions AFTER INSERT ON events
-    REFERENCING NEW TABLE AS new_events
-    FOR EACH STATEMENT EXECUTE FUNCTION definitions_project();
+SELECT events_fold_with('events_project_definitions', 'definitions_project');

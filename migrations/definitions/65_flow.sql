@@ -96,9 +96,7 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE OR REPLACE TRIGGER events_project_flow AFTER INSERT ON events
-    REFERENCING NEW TABLE AS new_events
-    FOR EACH STATEMENT EXECUTE FUNCTION flow_project();
+SELECT events_fold_with('events_project_flow', 'flow_project');
 
 -- Running jobs per concurrency key (see concurrency_slots, migration 0010):
 -- a job that starts running adds to its key's claimed (the claim holds the
@@ -162,13 +160,7 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE OR REPLACE TRIGGER jobs_concurrency_insert AFTER INSERT ON jobs
-    REFERENCING NEW TABLE AS new_jobs FOR EACH STATEMENT EXECUTE FUNCTION jobs_concurrency_insert();
-CREATE OR REPLACE TRIGGER jobs_concurrency_update AFTER UPDATE ON jobs
-    REFERENCING OLD TABLE AS old_jobs NEW TABLE AS new_jobs
-    FOR EACH STATEMENT EXECUTE FUNCTION jobs_concurrency_update();
-CREATE OR REPLACE TRIGGER jobs_concurrency_delete AFTER DELETE ON jobs
-    REFERENCING OLD TABLE AS old_jobs FOR EACH STATEMENT EXECUTE FUNCTION jobs_concurrency_delete();
+SELECT jobs_kept_by('jobs_concurrency');
 
 -- One released row per key (the monitor's leader, every tick). The rows it
 -- replaces and the one it writes have the same sum, and a reader's snapshot

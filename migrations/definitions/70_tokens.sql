@@ -11,7 +11,7 @@ DECLARE
     e record;
     found_rows bigint;
 BEGIN
-    FOR e IN SELECT * FROM new_token_events x WHERE x.stream_type = 'token' ORDER BY x.position LOOP
+    FOR e IN SELECT * FROM new_events x WHERE x.stream_type = 'token' ORDER BY x.position LOOP
         IF e.type = 'TokenCreated' AND e.version = 1 THEN
             PERFORM coalesce(state_target('token', NULL, e.type, NULL),
                              state_refuse('token', NULL, e.type, NULL, e.stream_id));
@@ -43,9 +43,7 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE OR REPLACE TRIGGER tokens_project AFTER INSERT ON events
-    REFERENCING NEW TABLE AS new_token_events
-    FOR EACH STATEMENT EXECUTE FUNCTION tokens_project();
+SELECT events_fold_with('tokens_project', 'tokens_project');
 
 -- Least privilege (issue 30): the processes' roles can neither read
 -- token_secrets nor the server's keys, nor append token events. These

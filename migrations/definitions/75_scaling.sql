@@ -35,7 +35,9 @@ $$;
 -- for GET /queues: per priority, the first entry of each of the two pending
 -- indexes in claim order (priority DESC, run_at) is that priority's oldest, so
 -- a loose index scan makes one probe per distinct priority, whatever the
--- backlog.
+-- backlog. The two walks are written out, not one walk with a parameter: each
+-- names its index's predicate (jobs_claim_plain, jobs_pending_flow) literally,
+-- which is what lets the planner use the index for every probe.
 CREATE OR REPLACE FUNCTION queue_oldest_due(p_queue text)
 RETURNS timestamptz LANGUAGE sql STABLE AS $$
     WITH RECURSIVE plain(priority, run_at) AS (

@@ -15,7 +15,7 @@ from qforge.api.deps import Conn, ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, TriggerRequest, WorkflowCreated, WorkflowList, WorkflowView
 from qforge.workflows import resume
-from qforge.workflows import submit as commands
+from qforge.workflows import engine as commands
 from qforge.commands.specs import WorkflowSpec
 from qforge.events import store
 from qforge.events.states import statuses
