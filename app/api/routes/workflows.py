@@ -12,7 +12,6 @@ from qforge.api.auth import Actor, Caller, needs
 from qforge.api.common import (ERRORS, PROOF_DOC, as_of_view, bad_query, cursor_query, limit_query, missing,
                                proof_answer, proof_cursor, tag_query, tags_of)
 from qforge.api.deps import Conn, ReadConn
-from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, TriggerRequest, WorkflowCreated, WorkflowList, WorkflowView
 from qforge.workflows import resume
 from qforge.workflows import engine as commands
