@@ -6,7 +6,7 @@ import sys
 import time
 
 from qforge.db import connect
-from qforge.workflows import submit as wf
+from qforge.workflows import engine as wf
 from qforge.commands.claim import claim
 from qforge.commands.report import Report, complete, fail
 from qforge.workflows.resume import resume

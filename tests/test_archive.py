@@ -20,7 +20,7 @@ from qforge.api.app import create_app
 from qforge.cli import main as cli
 from qforge.log import archive as archive_module
 from qforge.log import common as log_common
-from qforge.workflows import submit as wf
+from qforge.workflows import engine as wf
 from qforge.log.archive import STEPS, archive
 from qforge.commands.claim import claim
 from qforge.commands.enqueue import JobSpec, enqueue

@@ -7,7 +7,7 @@ import hashlib
 import json
 import re
 
-from qforge.workflows import submit as wf
+from qforge.workflows import engine as wf
 from qforge.log.archive import archive
 from qforge.audit import checkpoints as audit
 from test_archive import run_all, workload

@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 from psycopg.rows import dict_row
 
 import qforge
-from qforge.commands import report, workflows
+from qforge.commands import report
 from qforge.commands.claim import claim
 from qforge.commands.manage import recover_stale
 from qforge.commands.plan import run
-from qforge.workflows import activation, durable
+from qforge.workflows import activation, durable, engine
 from qforge.workflows.replay import StepFailed
 
 OPS = st.one_of(
@@ -138,8 +138,8 @@ def run_durably(conn, program, crashes: random.Random) -> tuple[dict, dict]:
             cur.execute("SELECT step FROM jobs WHERE workflow_id = %s AND step_type = 'wait_for_trigger'"
                         " AND status = 'waiting'", (workflow_id,))
             for row in cur.fetchall():
-                workflows.trigger(conn, workflow_id, row["step"], {"trigger": row["step"]}, now=clock)
-        workflows.fire_timers(conn, now=clock)
+                engine.trigger(conn, workflow_id, row["step"], {"trigger": row["step"]}, now=clock)
+        engine.fire_timers(conn, now=clock)
         recover_stale(conn, stale_seconds=60, now=clock + timedelta(minutes=30))
         with conn.cursor(row_factory=dict_row) as cur:
             cur.execute("SELECT * FROM workflows WHERE id = %s", (workflow_id,))

@@ -7,7 +7,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-from qforge.workflows.definitions import DefinitionSpec, start_definition, store_definition, stream_id
+from qforge.workflows.definitions import DefinitionSpec, store_definition, stream_id
+from qforge.workflows.engine import start_definition
 from qforge.commands.errors import Invalid, NotFound
 from qforge.events import store
 from qforge.projections import replay

@@ -21,7 +21,7 @@ from qforge.api.app import create_app
 from qforge.api.server import BackgroundServer
 from qforge.cli import main as cli
 from qforge.log import pack as pack_module
-from qforge.workflows import submit as wf
+from qforge.workflows import engine as wf
 from qforge.log.archive import archive
 from qforge.commands.claim import claim
 from qforge.commands.enqueue import JobSpec, enqueue

@@ -7,7 +7,8 @@ from datetime import datetime, timedelta, timezone
 
 from qforge.commands import workers
 from qforge.commands.claim import claim
-from qforge.workflows.submit import StepSpec, WorkflowSpec, submit
+from qforge.commands.specs import StepSpec, WorkflowSpec
+from qforge.workflows.engine import submit
 from qforge.projections.workers import live_workers
 from qforge.settings import Settings
 from qforge.workers.monitor import Monitor

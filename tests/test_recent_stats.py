@@ -13,7 +13,7 @@ from qforge.commands.claim import claim
 from qforge.commands.enqueue import enqueue
 from qforge.commands.report import Report, complete, fail
 from qforge.commands.specs import JobSpec, WorkflowSpec
-from qforge.workflows.submit import submit
+from qforge.workflows.engine import submit
 from qforge.settings import Settings
 
 

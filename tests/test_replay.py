@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from qforge.workflows import submit as wf
+from qforge.workflows import engine as wf
 from qforge.commands.claim import claim
 from qforge.commands.report import Report, complete
 from qforge.db import connect

@@ -25,12 +25,13 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from qforge.commands import tokens
-from qforge.workflows import submit as wf
+from qforge.workflows import engine as wf
 from qforge.commands.claim import ClaimedJob, claim
 from qforge.commands.enqueue import JobSpec, enqueue
 from qforge.commands.errors import Conflict, NotFound
 from qforge.commands.manage import cancel_job, recover_stale, retry_job
-from qforge.workflows.definitions import DefinitionSpec, start_definition, store_definition
+from qforge.workflows.definitions import DefinitionSpec, store_definition
+from qforge.workflows.engine import start_definition
 from qforge.workflows.resume import resume
 from qforge.commands.report import Report, complete, fail, heartbeat
 from qforge.db import connect

@@ -22,7 +22,8 @@ from qforge.api.app import create_app
 from qforge.api.hub import EventHub, encode
 from qforge.api.server import BackgroundServer
 from qforge.commands.enqueue import JobSpec, enqueue
-from qforge.workflows.submit import StepSpec, WorkflowSpec, submit
+from qforge.commands.specs import StepSpec, WorkflowSpec
+from qforge.workflows.engine import submit
 from qforge.events.store import decode_cursor
 from qforge.events.types import Event
 from qforge.settings import Settings

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from psycopg.rows import dict_row
 
-from qforge.workflows import submit as wf
+from qforge.workflows import engine as wf
 from qforge.workflows.definitions import DefinitionSpec, store_definition
 from qforge.commands.errors import Invalid
 from qforge.workflows.resume import resume
-from qforge.workflows.subflows import finish_parents
+from qforge.workflows.engine import finish_parents
 from qforge.db import connect
 from qforge.projections.workflows import get_workflow
 from tests.test_workflows import run_ready, status_of, submit

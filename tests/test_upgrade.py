@@ -31,7 +31,7 @@ from qforge.commands.claim import claim
 from qforge.commands.enqueue import enqueue
 from qforge.commands.report import Report, complete
 from qforge.commands.specs import JobSpec
-from qforge.workflows.submit import trigger
+from qforge.workflows.engine import trigger
 from qforge.db import connect, with_credentials, with_database
 from qforge.log.archive import archive
 from qforge.audit import checkpoints as audit

@@ -110,7 +110,8 @@ def test_a_new_job_wakes_one_idle_worker_and_no_other_claims_in_vain(conn: psyco
                      timeout=10, message="the job to run", interval=0.005)
             wait_for(lambda: _waiting(conn) == 2, timeout=10, message="both workers to wait again", interval=0.005)
     claims = _claims(workers) - before
-    # one claim per job; every worker woken by every job would make two
-    assert claims == jobs, f"{claims} claims for {jobs} jobs"
+    # one claim per job (a poll or a listener's reconnect may add one); every worker woken by
+    # every job makes two per job (40: seen without 34_wake.sql)
+    assert jobs <= claims <= jobs + 2, f"{claims} claims for {jobs} jobs"
     # the longest-waiting worker is woken: they take turns
     assert scalar(conn, "SELECT count(DISTINCT actor) FROM events WHERE type = 'Claimed'") == 2

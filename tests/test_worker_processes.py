@@ -19,7 +19,8 @@ from qforge.db import EmbeddedPostgres
 from qforge.migrate import migrate
 from qforge.commands.claim import claim
 from qforge.commands.manage import cancel_job
-from qforge.workflows.submit import StepSpec, WorkflowSpec, submit
+from qforge.commands.specs import StepSpec, WorkflowSpec
+from qforge.workflows.engine import submit
 from qforge.projections.workers import live_workers, pods
 from test_worker_support import (  # noqa: F401  (procs and tasks_dir are fixtures)
     QFORGE, STALE_SECONDS, TICK_SECONDS, Processes, add_jobs, count_status, history, job, kill, process_running,

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.rows import dict_row
 
-from qforge.workflows import submit as wf
+from qforge.workflows import engine as wf
 from qforge.commands.claim import claim
 from qforge.workflows.definitions import DefinitionSpec, store_definition
 from qforge.commands.errors import Conflict

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from psycopg.rows import dict_row
 
-from qforge.workflows import submit as wf
+from qforge.workflows import engine as wf
 from qforge.commands.claim import claim
 from qforge.commands.errors import Conflict, Invalid
 from qforge.commands.report import Report, complete, fail

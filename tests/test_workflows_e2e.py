@@ -6,7 +6,7 @@ from datetime import datetime
 
 from psycopg.rows import dict_row
 
-from qforge.workflows import submit as wf
+from qforge.workflows import engine as wf
 from test_worker_support import Processes, procs, registry, tasks_dir, wait_for  # noqa: F401 (fixtures)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from qforge.workflows import submit as wf
+from qforge.workflows import engine as wf
 from qforge.workflows.resume import resume
 from qforge.projections.workflows import get_workflow
 from test_worker_support import Processes, procs, registry, tasks_dir, wait_for  # noqa: F401 (fixtures)
@@ -67,7 +67,8 @@ def test_fan_out_over_a_runtime_list_with_real_workers(conn, procs: Processes):
 
 
 def test_sub_workflow_from_a_stored_definition_with_real_workers(conn, procs: Processes):
-    from qforge.workflows.definitions import DefinitionSpec, start_definition, store_definition
+    from qforge.workflows.definitions import DefinitionSpec, store_definition
+    from qforge.workflows.engine import start_definition
     procs.worker("--concurrency", "2")
     procs.monitor()
     store_definition(conn, "child", DefinitionSpec.model_validate({

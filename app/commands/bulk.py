@@ -20,7 +20,7 @@ from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.ids import new_id
 from qforge.events.states import JOB_ACTIVE, JOB_TRANSITIONS, statuses
-from qforge.events.types import NewEvent
+from qforge.events.transitions import job_cancelled, job_retried_by_hand
 from qforge.sql import q
 
 # Jobs one batch (one transaction) acts on: short enough that no transaction holds many row
@@ -154,9 +154,8 @@ def _batch(conn, action: Action, params: dict, after: uuid.UUID | None, size: in
 
 
 def _cancel(conn, rows: list[dict], batch_id: uuid.UUID, *, actor: str, now: datetime | None) -> None:
-    store.append(conn, [NewEvent(stream_id=row["id"], version=row["version"] + 1,
-                                 data=ev.Cancelled(reason=f"cancelled by {actor} (bulk)", batch_id=batch_id),
-                                 tags=row["tags"], workflow_id=row["workflow_id"]) for row in rows],
+    store.append(conn, [event for row in rows
+                        for event in job_cancelled(row, f"cancelled by {actor} (bulk)", batch_id=batch_id)],
                  actor=actor, now=now)
     workflow_ids = sorted({row["workflow_id"] for row in rows if row["workflow_id"]})
     if workflow_ids:
@@ -166,10 +165,8 @@ def _cancel(conn, rows: list[dict], batch_id: uuid.UUID, *, actor: str, now: dat
 def _retry(conn, cur, rows: list[dict], batch_id: uuid.UUID, *, actor: str, now: datetime | None) -> None:
     clock = now or datetime.now(timezone.utc)
     plain = [row for row in rows if not row["workflow_id"]]
-    store.append(conn, [NewEvent(stream_id=row["id"], version=row["version"] + 1,
-                                 data=ev.Retried(manual=True, delay_seconds=0, run_at=clock,
-                                                 attempt=row["attempts"], batch_id=batch_id),
-                                 tags=row["tags"]) for row in plain], actor=actor, now=now)
+    store.append(conn, [event for row in plain for event in job_retried_by_hand(row, clock, batch_id=batch_id)],
+                 actor=actor, now=now)
     for row in rows:
         if not row["workflow_id"]:
             continue

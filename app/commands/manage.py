@@ -14,7 +14,7 @@ from qforge.workflows.resume import reopen_step
 from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.states import JOB_ACTIVE, allows
-from qforge.events.types import NewEvent
+from qforge.events.transitions import job_cancelled, job_retried_by_hand
 from qforge.sql import q
 
 
@@ -36,10 +36,7 @@ def cancel_job(conn, job_id: UUID, *, actor: str = "api", now: datetime | None =
         row = _lock(cur, job_id)
         if not allows("job", row["status"], ev.Cancelled.type):
             raise Conflict(f"job {job_id} is {row['status']} and cannot be cancelled")
-        store.append(conn, [NewEvent(stream_id=job_id, version=row["version"] + 1,
-                                     data=ev.Cancelled(reason="cancelled by " + actor),
-                                     tags=row["tags"], workflow_id=row["workflow_id"])],
-                     actor=actor, now=now)
+        store.append(conn, job_cancelled(row, "cancelled by " + actor), actor=actor, now=now)
         if row["workflow_id"]:
             advance(conn, [row["workflow_id"]], now=now, actor=actor)
 
@@ -56,10 +53,7 @@ def retry_job(conn, job_id: UUID, *, actor: str = "api", now: datetime | None = 
             reopen_step(conn, cur, row["workflow_id"], row["step"], actor=actor, now=now)
             return
         clock = now or datetime.now(timezone.utc)
-        store.append(conn, [NewEvent(stream_id=job_id, version=row["version"] + 1,
-                                     data=ev.Retried(manual=True, delay_seconds=0, run_at=clock,
-                                                     attempt=row["attempts"]),
-                                     tags=row["tags"])], actor=actor, now=now)
+        store.append(conn, job_retried_by_hand(row, clock), actor=actor, now=now)
 
 
 def recover_stale(conn, *, stale_seconds: float, now: datetime | None = None,

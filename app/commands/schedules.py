@@ -23,6 +23,7 @@ from pydantic_core import PydanticCustomError
 
 from qforge.commands import cron
 from qforge.workflows import definitions
+from qforge.workflows.engine import start_definition
 from qforge.commands.enqueue import enqueue
 from qforge.commands.errors import CommandError, Conflict, Invalid, NotFound
 from qforge.commands.specs import NAME_PATTERN, JobSpec, Storable
@@ -295,7 +296,7 @@ def _start(conn, spec: ScheduleSpec, tick: datetime, *, actor: str) -> tuple[str
                                           "tags": {"schedule": spec.name, **spec.job.tags}})
         [outcome] = enqueue(conn, [job], actor=actor)
         return "job", outcome.id
-    return "workflow", definitions.start_definition(conn, spec.definition, spec.inputs or {}, actor=actor,
+    return "workflow", start_definition(conn, spec.definition, spec.inputs or {}, actor=actor,
                                                     idempotency_key=key, version=spec.version)
 
 

@@ -11,8 +11,10 @@ import math
 from datetime import datetime, timezone
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator,
+                      model_validator)
 
+from qforge.commands.errors import Invalid
 from qforge.workflows import dag
 
 NAME_PATTERN = r"^[A-Za-z0-9_.:\-]{1,200}$"
@@ -237,10 +239,6 @@ def parse_batch(task: str, payloads: list[Any], options: dict[str, Any]) -> tupl
     validated once by JobSpec (as POST /jobs would), the payloads by one pass over the list (each a
     JSON object or None, storable as the spec's payload is), or Invalid naming each problem
     (`payloads.3.x`). Nothing is built per job."""
-    from pydantic import ValidationError
-
-    from qforge.commands.errors import Invalid
-
     given = [name for name in PER_JOB_OPTIONS if name in options]
     if given:
         raise Invalid(f"{given[0]}: one per job, not per batch: enqueue such jobs one by one",
@@ -264,10 +262,6 @@ def parse_spec(model: type[BaseModel], data: Any) -> Any:
     """`data` validated by `model` (JobSpec, WorkflowSpec...), or Invalid with one
     {"field", "message"} detail per problem: how the SDK and qforge.enqueue refuse bad input
     before anything is sent."""
-    from pydantic import ValidationError
-
-    from qforge.commands.errors import Invalid
-
     if isinstance(data, model):
         return data
     try:

@@ -29,8 +29,7 @@ from qforge.commands.manage import recover_stale
 from qforge.log.archive import archive
 from qforge.log.pack import pack
 from qforge.commands.schedules import fire_due, next_due
-from qforge.workflows.subflows import finish_parents
-from qforge.workflows.submit import fire_deadlines, fire_timers
+from qforge.workflows.engine import finish_parents, fire_deadlines, fire_timers
 from qforge.audit import checkpoints as audit
 from qforge.audit import witness
 from qforge.projections import serving

@@ -1,1 +1,1 @@
-"""Workflows: written as code (durable execution on the event log); the graph engine moves here later."""
+"""The workflow room: the DAG rules, submit, the engine (the one door every step's end goes through), resume, definitions, and workflows written as code."""

@@ -6,6 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from qforge.commands.specs import JobSpec, parse_spec
 from qforge.workflows.replay import Handle, Replay
 
 # ctx.run options, as POST /jobs takes them (tags and idempotency come from the workflow).
@@ -21,9 +22,7 @@ def _step_options(options: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(options) - STEP_OPTIONS)
     if unknown:
         raise TypeError(f"unknown step option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(STEP_OPTIONS))}")
-    from qforge.commands.specs import JobSpec, parse_spec  # checks bounds as POST /jobs does
-
-    parse_spec(JobSpec, {"task": "x", **options})
+    parse_spec(JobSpec, {"task": "x", **options})  # checks bounds as POST /jobs does
     return options
 
 

@@ -5,8 +5,9 @@ A definition is a workflow body (steps, result, deadline, tags) plus a
 document: each PUT appends a DefinitionStored event to the name's `definition`
 stream (its stream version is the definition's version), folded into
 `definitions` / `definition_versions` (definitions/60_definitions.sql).
-`start_definition` is the one way in for callers that start runs (the API,
-schedules): it checks the inputs and raises NotFound / Invalid.
+`definition_workflow` checks a start's inputs (NotFound / Invalid) and builds the workflow
+it runs; callers that start runs (the API, schedules, sub-workflows) go through
+`qforge.workflows.engine.start_definition`, which submits it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 from psycopg.rows import dict_row, tuple_row
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from qforge.workflows import submit as workflows
 from qforge.commands.errors import Invalid, NotFound
 from qforge.commands.specs import (MAX_STEPS, STEPS_LIMIT, ResultSpec, StepSpec, Storable, WorkflowSpec,
                                    check_tags)
@@ -141,12 +141,11 @@ def list_definitions(conn, *, limit: int = 50, cursor: str | None = None) -> tup
     return rows[:limit], (rows[limit - 1]["name"] if len(rows) > limit else None)
 
 
-def start_definition(conn, name: str, inputs: dict[str, Any] | None, *, actor: str,
-                     idempotency_key: str | None = None, tags: dict[str, str] | None = None,
-                     now: datetime | None = None, parent: dict[str, Any] | None = None,
-                     version: int | None = None, trace_parent: dict[str, str] | None = None) -> uuid.UUID:
-    """Start a workflow of `version` of `name` (the latest without it); its id, the workflow
-    recording the version it runs. NotFound for an unknown definition or version, Invalid for
+def definition_workflow(conn, name: str, inputs: dict[str, Any] | None, *, version: int | None = None,
+                        tags: dict[str, str] | None = None,
+                        idempotency_key: str | None = None) -> tuple[WorkflowSpec, dict[str, Any]]:
+    """The workflow `version` of `name` (the latest without it) runs with `inputs`, and the
+    {"name", "version"} it records. NotFound for an unknown definition or version, Invalid for
     inputs that are not a JSON object or make no valid workflow."""
     if inputs is not None and not isinstance(inputs, dict):
         raise Invalid("inputs must be a JSON object", ["inputs: must be an object"])
@@ -160,7 +159,4 @@ def start_definition(conn, name: str, inputs: dict[str, Any] | None, *, actor: s
             raise Invalid(str(error), [f"tags: {error}"]) from None
     spec = workflow_spec(name, found["version"], found["document"], inputs or {}, tags=tags,
                          idempotency_key=idempotency_key)
-    workflow_id, _ = workflows.submit(conn, spec, actor=actor, now=now,
-                                      definition={"name": name, "version": found["version"]},
-                                      parent=parent, trace_parent=trace_parent)
-    return workflow_id
+    return spec, {"name": name, "version": found["version"]}

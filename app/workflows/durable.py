@@ -16,12 +16,13 @@ import contextlib
 import json
 import uuid
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from psycopg.rows import dict_row
 from pydantic import ConfigDict, Field, field_validator
 
 from qforge.commands.enqueue import job_row
+from qforge.commands.errors import CommandError
 from qforge.commands.plan import Plan, Statement
 from qforge.commands.plan import run as plan_run
 from qforge.commands.specs import NAME_PATTERN, Storable, check_tags
@@ -30,12 +31,14 @@ from qforge.events import types as ev
 from qforge.events.ids import new_id
 from qforge.events.states import (CANCELLED, DEAD, JOB_ACTIVE, JOB_FINISHED, PENDING, RUNNING, SKIPPED, SUCCEEDED,
                                   WAITING)
+from qforge.events.transitions import job_died
 from qforge.events.types import NewEvent
-from qforge.settings import get_settings
 from qforge import tracing
 from qforge.sql import q
 from qforge.workflows import journal
+from qforge.workflows.definitions import get_definition
 from qforge.workflows.replay import STEP_OPS
+from qforge.workflows.rows import over_job_cap
 from qforge.workflows.submitted import store_submitted
 
 NEVER = datetime(9999, 12, 31, tzinfo=timezone.utc)  # a trigger wait without timeout
@@ -120,7 +123,7 @@ def step_event(op: dict[str, Any], clock: datetime, due: datetime | None = None,
     if op["op"] == "sleep":
         return ev.Enqueued(task="sleep", step=op["step"], step_type="sleep", status=WAITING,
                            run_at=clock + timedelta(seconds=op["seconds"]), seconds=op["seconds"], depends_on=after)
-    if op["op"] == "child":  # waits for its sub-workflow (qforge.workflows.subflows ends it)
+    if op["op"] == "child":  # waits for its sub-workflow (qforge.workflows.engine.finish_parent ends it)
         return ev.Enqueued(task="workflow", step=op["step"], step_type="workflow", status=WAITING, run_at=NEVER,
                            payload={"workflow": op["workflow"], "input": op.get("input")}, depends_on=after)
     if op["op"] == "wait":
@@ -136,9 +139,10 @@ def step_event(op: dict[str, Any], clock: datetime, due: datetime | None = None,
 
 
 def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]], clock: datetime, *,
-                 now: datetime | None, actor: str) -> bool:
+                 now: datetime | None, actor: str, start_definition: Callable[..., uuid.UUID]) -> bool:
     """Act on what the newest activation decided (the caller holds the workflow's lock); True when
-    the workflow ended."""
+    the workflow ended. `start_definition`: the engine's (a child may run a stored definition; the
+    engine calls this module, so it hands its own starter in)."""
     runs = journal.activations(rows)
     last = runs[-1]
     steps = {row["step"]: row for row in rows if not journal.is_activation(row)}
@@ -159,7 +163,10 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
     # order is run_at), so each workflow's step-to-step latency is not the whole backlog's.
     due, trace = workflow["created_at"], run_trace(rows)
     rows_in = [job_row(new_id(), step_event(op, clock, due, trace), workflow["tags"], workflow["id"]) for op in new]
-    if rows_in and (problem := over_budget(cur, workflow["id"], len(rows_in))):
+    # A loop in the function cannot write more jobs than a fan-out could.
+    if rows_in and (over := over_job_cap(cur, workflow["id"], len(rows_in))):
+        problem = (f"too_many_jobs: {len(rows_in)} more steps would make the workflow's tree {over[0]} jobs,"
+                   f" more than QFORGE_MAX_WORKFLOW_JOBS ({over[1]})")
         _end(conn, workflow, rows, {"status": "failed", "reason": "too_many_jobs", "error": problem},
              now=now, actor=actor)
         return True
@@ -168,7 +175,8 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
     finished = {name for name, row in steps.items() if row["status"] in JOB_FINISHED}
     finished |= {op["step"] for op, row in zip(new, rows_in)  # a child that could not start
                  if op["op"] == "child" and _start_child(conn, workflow, op, row["id"], last["queue"],
-                                                         actor=actor, now=now, trace=trace)}
+                                                         actor=actor, now=now, trace=trace,
+                                                         start_definition=start_definition)}
     # What it waited on may have finished while it ran (their advance found it running): wake it now.
     if all(name in finished for name in decided.get("waiting_on", [])):
         row = activation_row(workflow["id"], len(runs) + 1, last["queue"], workflow["tags"], due, trace)
@@ -176,30 +184,15 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
     return False
 
 
-def over_budget(cur, workflow_id: uuid.UUID, adding: int) -> str | None:
-    """Why the steps a run asks for would take its workflow's tree over QFORGE_MAX_WORKFLOW_JOBS
-    (the root's jobs and every sub-workflow's, activations included), or None. A loop in the
-    function cannot write more jobs than a fan-out could."""
-    limit = get_settings().max_workflow_jobs
-    cur.execute(q("workflow_tree_job_count"), {"id": workflow_id})
-    jobs = cur.fetchone()["count"] + adding
-    if jobs <= limit:
-        return None
-    return (f"too_many_jobs: {adding} more steps would make the workflow's tree {jobs} jobs, more than"
-            f" QFORGE_MAX_WORKFLOW_JOBS ({limit})")
-
-
 MAX_NESTING = 10  # as for graph workflows' sub-workflows
 
 
 def _start_child(conn, workflow: dict[str, Any], op: dict[str, Any], job_id: str, queue: str, *, actor: str,
-                 now: datetime | None, trace: dict[str, str] | None = None) -> bool:
+                 now: datetime | None, trace: dict[str, str] | None = None,
+                 start_definition: Callable[..., uuid.UUID]) -> bool:
     """Start ctx.child's sub-workflow: the stored definition of that name if there is one, else the
     code workflow (the API, the monitor and workers all advance, and only workers know functions).
     One that cannot start ends its step at once (the function gets StepFailed): then True."""
-    from qforge.workflows.definitions import get_definition, start_definition  # definitions -> advance -> here
-    from qforge.commands.errors import CommandError
-
     depth = (workflow.get("nesting") or 0) + 1
     parent = {"workflow_id": str(workflow["id"]), "step": op["step"], "job_id": job_id, "depth": depth}
     problem = None
@@ -222,11 +215,7 @@ def _start_child(conn, workflow: dict[str, Any], op: dict[str, Any], job_id: str
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(q("job_lock"), {"ids": [job_id]})
         row = cur.fetchone()
-    base: dict[str, Any] = dict(stream_id=row["id"], tags=row["tags"], workflow_id=workflow["id"])
-    store.append(conn, [NewEvent(**base, version=row["version"] + 1, data=ev.Failed(
-                            attempt=0, reason="child_workflow", error=problem)),
-                        NewEvent(**base, version=row["version"] + 2, data=ev.DeadLettered(
-                            attempt=0, error=problem))], actor=actor, now=now)
+    store.append(conn, job_died(row, "child_workflow", problem, attempt=0), actor=actor, now=now)
     return True
 
 

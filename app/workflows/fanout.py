@@ -22,9 +22,11 @@ from qforge.workflows import dag
 from qforge.events import types as ev
 from qforge.events.ids import new_id
 from qforge.events.states import BLOCKED, CANCELLED, DEAD, PENDING, RUNNING, SUCCEEDED, WAITING
+from qforge.events.transitions import after, job_cancelled, job_created, job_died, job_succeeded, step_unblocked
 from qforge.events.types import NewEvent
 from qforge import tracing
 from qforge.sql import q
+from qforge.workflows.rows import NEVER, over_job_cap
 
 NEVER_ATTEMPT = 0  # the step itself is never claimed: its failure names attempt 0
 ELEMENT_DEATHS = frozenset({DEAD, CANCELLED})
@@ -61,35 +63,32 @@ class Fanout:
         self.created = 0  # elements this round enqueued (not in jobs yet)
         self.again = False  # a step ended in this round: the DAG rules must look again
 
-    def _event(self, row: dict, offset: int, data: ev.EventData) -> None:
-        self.events.append(NewEvent(stream_id=row["id"], version=row["version"] + offset, data=data,
-                                    tags=row["tags"], workflow_id=self.workflow_id))
-
     def start(self, row: dict, spec: dict[str, Any], inputs: dict[str, Any], source_output: Any,
-              max_fan_out: int, max_workflow_jobs: int | None = None, max_fan_out_bytes: int | None = None) -> None:
+              max_fan_out: int, max_fan_out_bytes: int | None = None) -> None:
         """The step was just unblocked: wait, and enqueue its elements (or end at once). The step
         fails instead, naming the limit, when its elements would take the workflow over
         QFORGE_MAX_WORKFLOW_JOBS jobs or write more than QFORGE_MAX_FAN_OUT_BYTES of payloads
         (each element carries a copy of the step's payload: a 100 KB payload over 10,000
         elements would be a GB)."""
-        from qforge.workflows.engine import NEVER  # advance imports this module
-        self._event(row, 1, ev.StepUnblocked(status=WAITING, run_at=NEVER, inputs=inputs))
+        unblocked = step_unblocked(row, WAITING, NEVER, inputs=inputs)
+        self.events += unblocked
+        row = after(row, unblocked)  # waiting: the step's next events follow this one
         if self._summary(row)["total"]:  # resumed: the first run's elements are there, the dead reopened
             self.again = True
             return
         items, problem = items_or_problem(source_output, spec["for_each"], max_fan_out)
         if problem is not None:
-            self._fail(row, problem, offset=2)
+            self._fail(row, problem)
             return
         if not items:
-            self._event(row, 2, ev.Succeeded(result=[]))
+            self.events += job_succeeded(row, [])
             self.again = True
             return
         limit = spec.get("max_parallel") or len(items)
         payload = {**row["payload"], "inputs": element_inputs(inputs, spec)}
-        problem = self._over_limits(len(items), payload, items, max_workflow_jobs, max_fan_out_bytes)
+        problem = self._over_limits(len(items), payload, items, max_fan_out_bytes)
         if problem is not None:
-            self._fail(row, problem, offset=2)
+            self._fail(row, problem)
             return
         self.created += len(items)
         # the elements' runs are children of one qforge.fan_out span, in the workflow's trace
@@ -97,8 +96,8 @@ class Fanout:
                           step=row["step"], elements=len(items)) as traced:
             carrier = traced.carrier
         for index, item in enumerate(items):
-            self.events.append(NewEvent(
-                stream_id=new_id(), version=1, tags=row["tags"], workflow_id=self.workflow_id,
+            self.events += job_created(
+                new_id(), tags=row["tags"], workflow_id=self.workflow_id,
                 data=ev.Enqueued(task=row["task"], queue=row["queue"], priority=row["priority"],
                                  max_retries=row["max_retries"], timeout_seconds=row["timeout_seconds"],
                                  run_at=self.clock, payload={**payload, "item": item, "index": index},
@@ -106,22 +105,18 @@ class Fanout:
                                  step=element_name(row["step"], index), step_type="task",
                                  element_of=row["step"], element_index=index,
                                  backoff_base_seconds=row["backoff_base_seconds"],
-                                 backoff_cap_seconds=row["backoff_cap_seconds"], trace=carrier)))
+                                 backoff_cap_seconds=row["backoff_cap_seconds"], trace=carrier))
 
-    def _over_limits(self, count: int, payload: dict[str, Any], items: list, max_jobs: int | None,
-                     max_bytes: int | None) -> str | None:
+    def _over_limits(self, count: int, payload: dict[str, Any], items: list, max_bytes: int | None) -> str | None:
         if max_bytes is not None:
             written = count * len(json.dumps(payload, default=str)) + len(json.dumps(items, default=str))
             if written > max_bytes:
                 return (f"for_each: {count} elements would write about {written} bytes of payloads, more than"
                         f" QFORGE_MAX_FAN_OUT_BYTES ({max_bytes})")
-        if max_jobs is not None:
-            self.cur.execute(q("workflow_tree_job_count"), {"id": self.workflow_id})
-            existing = self.cur.fetchone()["count"] + self.created
-            if existing + count > max_jobs:
-                return (f"for_each: {count} elements would make the workflow's jobs (with its parents' and"
-                        f" sub-workflows') {existing + count}, more than"
-                        f" QFORGE_MAX_WORKFLOW_JOBS ({max_jobs})")
+        over = over_job_cap(self.cur, self.workflow_id, self.created + count)
+        if over is not None:
+            return (f"for_each: {count} elements would make the workflow's jobs (with its parents' and"
+                    f" sub-workflows') {over[0]}, more than QFORGE_MAX_WORKFLOW_JOBS ({over[1]})")
         return None
 
     def progress(self, row: dict, spec: dict[str, Any]) -> None:
@@ -135,12 +130,12 @@ class Fanout:
                      + (f": {first['last_error']}" if first["last_error"] else ""))
             for element in elements:
                 if element["status"] not in ELEMENT_DEATHS:
-                    self._event(element, 1, ev.Cancelled(reason=f"fan-out step '{row['step']}' failed"))
-            self._fail(row, error, offset=1)
+                    self.events += job_cancelled(element, f"fan-out step '{row['step']}' failed")
+            self._fail(row, error)
             return
         if summary["succeeded"] == summary["total"]:
             results = [e["result"] for e in self._elements(row, [SUCCEEDED])]
-            self._event(row, 1, ev.Succeeded(result=results))
+            self.events += job_succeeded(row, results)
             self.again = True
             return
         room = (spec.get("max_parallel") or summary["total"]) - summary["active"]
@@ -148,7 +143,7 @@ class Fanout:
             return
         inputs = element_inputs((row["payload"] or {}).get("inputs", {}), spec)
         for element in self._elements(row, [BLOCKED], limit=room):
-            self._event(element, 1, ev.StepUnblocked(status=PENDING, run_at=self.clock, inputs=inputs))
+            self.events += step_unblocked(element, PENDING, self.clock, inputs=inputs)
 
     def _summary(self, row: dict) -> dict[str, int]:
         self.cur.execute(q("fanout_summary"), {"workflow_id": self.workflow_id, "step": row["step"]})
@@ -159,8 +154,6 @@ class Fanout:
                                                 "statuses": statuses, "limit": limit})
         return self.cur.fetchall()
 
-    def _fail(self, row: dict, error: str, *, offset: int) -> None:
-        attempt = row["attempts"] or NEVER_ATTEMPT
-        self._event(row, offset, ev.Failed(attempt=attempt, reason="fan_out", error=error))
-        self._event(row, offset + 1, ev.DeadLettered(attempt=attempt, error=error))
+    def _fail(self, row: dict, error: str) -> None:
+        self.events += job_died(row, "fan_out", error, attempt=row["attempts"] or NEVER_ATTEMPT)
         self.again = True

@@ -17,11 +17,13 @@ from datetime import datetime, timedelta, timezone
 from psycopg.rows import dict_row
 
 from qforge.workflows import dag
-from qforge.workflows.engine import advance, load, split_elements, step_state, wait_until
-from qforge.commands.errors import Conflict, NotFound
+from qforge.workflows.engine import advance
+from qforge.workflows.rows import load, lock_workflow, split_elements, step_state, wait_until
+from qforge.commands.errors import Conflict
 from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.states import BLOCKED, CANCELLED, DEAD, RUNNING, SKIPPED, WAITING, WORKFLOW_FINISHED, allows
+from qforge.events.transitions import step_reopened, workflow_resumed
 from qforge.events.types import NewEvent
 from qforge.sql import q
 from qforge.workflows import durable
@@ -50,7 +52,7 @@ def steps_to_reopen(states: dict[str, dag.StepState], seeds: set[str]) -> list[s
 def resume(conn, workflow_id: uuid.UUID, *, actor: str = "api", now: datetime | None = None) -> list[str]:
     """Run a failed or cancelled workflow's unsuccessful steps again; the names of the reopened steps."""
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        _lock(cur, workflow_id)
+        lock_workflow(cur, workflow_id)
         workflow, rows = load(cur, workflow_id)
         if not allows("workflow", workflow["status"], ev.WorkflowResumed.type):
             raise Conflict(f"workflow {workflow_id} is {workflow['status']};"
@@ -89,12 +91,6 @@ def reopen_step(conn, cur, workflow_id: uuid.UUID, step: str, *, actor: str,
     return names
 
 
-def _lock(cur, workflow_id: uuid.UUID) -> None:
-    cur.execute(q("workflow_lock"), {"ids": [workflow_id]})
-    if cur.fetchone() is None:
-        raise NotFound(f"workflow {workflow_id} not found")
-
-
 def _reopen(conn, cur, workflow: dict, rows: list[dict], names: list[str], reason: str, *,
             actor: str, now: datetime | None, batch_id: uuid.UUID | None = None) -> None:
     if not names:
@@ -113,24 +109,16 @@ def _reopen(conn, cur, workflow: dict, rows: list[dict], names: list[str], reaso
     if workflow["status"] != RUNNING:
         deadline_at = (clock + timedelta(seconds=workflow["deadline_seconds"])
                        if workflow.get("deadline_seconds") is not None else None)
-        events.append(NewEvent(stream_id=workflow["id"], version=workflow["version"] + 1,
-                               data=ev.WorkflowResumed(steps=names, reason=reason, deadline_at=deadline_at),
-                               tags=workflow["tags"], workflow_id=workflow["id"]))
+        events += workflow_resumed(workflow, names, reason, deadline_at)
     for name in names:
         row = locked[name]
         definition = step_state(row).definition
         status = dag.initial_status(definition, handlers)
         run_at = (wait_until(definition.type, definition.seconds, row["timeout_seconds"], clock)
                   if status == WAITING else clock)
-        events.append(NewEvent(stream_id=row["id"], version=row["version"] + 1,
-                               data=ev.StepReopened(status=status, run_at=run_at, reason=reason,
-                                                    batch_id=batch_id),
-                               tags=row["tags"], workflow_id=workflow["id"]))
+        events += step_reopened(row, status, run_at, reason, batch_id=batch_id)
     for element in dead_elements:
         row = locked[element["step"]]
-        events.append(NewEvent(stream_id=row["id"], version=row["version"] + 1,
-                               data=ev.StepReopened(status=BLOCKED, run_at=clock, reason=reason,
-                                                    batch_id=batch_id),
-                               tags=row["tags"], workflow_id=workflow["id"]))
+        events += step_reopened(row, BLOCKED, clock, reason, batch_id=batch_id)
     store.append(conn, events, actor=actor, now=now)
     advance(conn, [workflow["id"]], now=now, actor=actor)

@@ -1,28 +1,32 @@
-"""Workflow commands: submit, trigger, cancel, fire timers (advancing lives in qforge.workflows.engine)."""
+"""Submitting a workflow: check its graph and store it and its steps, as a plan; no step is advanced here.
+
+`submit_plan` is the statements (qforge.commands.plan), which qforge.submit also runs in
+the caller's transaction; `submitting` runs them in a transaction of their own inside the
+qforge.submit span. Starting the root sub-workflows a submit may have is the engine's
+(qforge.workflows.engine.submit), in that same transaction.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Iterator
 
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import tuple_row
 
-from qforge.workflows import subflows
-from qforge.workflows import dag
-from qforge.workflows.engine import advance, load, wait_until
 from qforge.commands.enqueue import job_row
-from qforge.commands.errors import Conflict, Invalid, NotFound
+from qforge.commands.errors import Invalid, NotFound
 from qforge.commands.plan import Plan, Statement, run
 from qforge.commands.specs import StepSpec, WorkflowSpec
-from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.ids import new_id
-from qforge.events.states import JOB_ACTIVE, RUNNING, WAITING, WORKFLOW_FINISHED
-from qforge.events.types import NewEvent
+from qforge.events.states import WAITING
 from qforge import tracing
 from qforge.sql import q
+from qforge.workflows import dag
+from qforge.workflows.rows import wait_until
 from qforge.workflows.submitted import store_submitted
 
 
@@ -42,12 +46,14 @@ def _step_data(step: StepSpec, handlers: dict[str, list[str]], now: datetime,
                        backoff_cap_seconds=step.backoff_cap_seconds, trace=trace)
 
 
-def submit(conn, spec: WorkflowSpec, *, actor: str = "api", now: datetime | None = None,
-           external_id: str | None = None,
-           definition: dict[str, Any] | None = None,
-           parent: dict[str, Any] | None = None,
-           trace_parent: dict[str, str] | None = None) -> tuple[uuid.UUID, bool]:
-    """Check the graph (every problem at once: Invalid), then store the workflow and its steps; (id, created).
+@contextlib.contextmanager
+def submitting(conn, spec: WorkflowSpec, *, actor: str = "api", now: datetime | None = None,
+               external_id: str | None = None, definition: dict[str, Any] | None = None,
+               parent: dict[str, Any] | None = None,
+               trace_parent: dict[str, str] | None = None) -> Iterator[tuple[uuid.UUID, bool]]:
+    """Check the graph (every problem at once: Invalid), then store the workflow and its steps, in a
+    transaction and a qforge.submit span that stay open while the caller's block runs; yields
+    (id, created).
 
     `external_id` is the id another system knows the workflow by (the pod
     orchestrator's workflowId); `definition` ({"name", "version"}) the stored
@@ -60,9 +66,7 @@ def submit(conn, spec: WorkflowSpec, *, actor: str = "api", now: datetime | None
         workflow_id, created = run(conn, submit_plan(spec, actor=actor, now=now, external_id=external_id,
                                                      definition=definition, parent=parent, trace=traced.carrier))
         traced.set(workflow_id=workflow_id)
-        if created and starts_children(spec):
-            advance(conn, [workflow_id], now=now, actor=actor)  # start root sub-workflows now
-    return workflow_id, created
+        yield workflow_id, created
 
 
 def span_values(spec: WorkflowSpec, definition: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -82,7 +86,7 @@ def submit_plan(spec: WorkflowSpec, *, actor: str = "api", now: datetime | None 
                 parent: dict[str, Any] | None = None,
                 trace: dict[str, str] | None = None) -> Plan[tuple[uuid.UUID, bool]]:
     """submit()'s statements as a plan (qforge.commands.plan), for qforge.submit in the caller's
-    transaction too; submit() then starts root sub-workflows (starts_children). `trace`: the
+    transaction too; engine.submit then starts root sub-workflows (starts_children). `trace`: the
     submit span's context, stored in every step (their runs are its children)."""
     problems = spec.problems()
     wanted = sorted({s.definition_name for s in spec.steps if s.type == "workflow" and s.definition_name})
@@ -115,141 +119,6 @@ def submit_plan(spec: WorkflowSpec, *, actor: str = "api", now: datetime | None 
 
 
 MAX_NESTING = 10  # sub-workflows within sub-workflows
-
-
-def _lock_workflow(cur, workflow_id: uuid.UUID) -> dict:
-    cur.execute(q("workflow_lock"), {"ids": [workflow_id]})
-    row = cur.fetchone()
-    if row is None:
-        raise NotFound(f"workflow {workflow_id} not found")
-    return row
-
-
-def trigger(conn, workflow_id: uuid.UUID, step: str, payload: dict[str, Any] | None = None,
-            *, actor: str = "api", now: datetime | None = None) -> None:
-    """Complete a waiting wait_for_trigger step with `payload` as its output."""
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        _lock_workflow(cur, workflow_id)
-        _, steps = load(cur, workflow_id)
-        row = next((r for r in steps if r["step"] == step), None)
-        if row is None:
-            raise NotFound(f"workflow {workflow_id} has no step '{step}'")
-        if row["step_type"] != "wait_for_trigger" or row["status"] != WAITING:
-            raise Conflict(f"step '{step}' is {row['status']}"
-                           + ("" if row["step_type"] == "wait_for_trigger"
-                              else f" and is a {row['step_type'] or 'task'} step")
-                           + "; only a waiting wait_for_trigger step can be triggered")
-        store.append(conn, [NewEvent(stream_id=row["id"], version=row["version"] + 1,
-                                     data=ev.Triggered(payload=payload or {}), tags=row["tags"],
-                                     workflow_id=workflow_id)], actor=actor, now=now)
-        advance(conn, [workflow_id], now=now, actor=actor)
-
-
-def cancel(conn, workflow_id: uuid.UUID, *, actor: str = "api",
-           now: datetime | None = None) -> None:
-    """Cancel every unfinished step (running ones stop at their next heartbeat), then the workflow."""
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        locked = _lock_workflow(cur, workflow_id)
-        if locked["status"] in WORKFLOW_FINISHED:
-            raise Conflict(f"workflow {workflow_id} is already {locked['status']}")
-        workflow, steps = load(cur, workflow_id)
-        open_ids = sorted(r["id"] for r in steps if r["status"] in JOB_ACTIVE)
-        cur.execute(q("job_lock"), {"ids": open_ids})
-        events = [NewEvent(stream_id=r["id"], version=r["version"] + 1,
-                           data=ev.Cancelled(reason="workflow cancelled"),
-                           tags=r["tags"], workflow_id=workflow_id)
-                  for r in cur.fetchall() if r["status"] in JOB_ACTIVE]
-        events.append(NewEvent(stream_id=workflow_id, version=workflow["version"] + 1,
-                               data=ev.WorkflowCancelled(), tags=workflow["tags"],
-                               workflow_id=workflow_id))
-        store.append(conn, events, actor=actor, now=now)
-        _end_children_and_tell_parent(conn, cur, workflow, actor=actor, now=now)
-        tracing.ended(next((r["trace"] for r in steps if r.get("trace")), None), "qforge.workflow.end",
-                      workflow_id=workflow_id, status="cancelled")
-
-
-def _end_children_and_tell_parent(conn, cur, workflow: dict, *, actor: str, now: datetime | None) -> None:
-    """A workflow just ended (cancel, deadline): cancel its running sub-workflows (their ids
-    sort after its own, the lock order), and end its own parent's step if it is a child."""
-    for child_id in subflows.children_to_cancel(cur, workflow["id"]):
-        try:
-            cancel(conn, child_id, actor=actor, now=now)
-        except Conflict:
-            pass  # it ended meanwhile
-    if workflow.get("parent_job_id"):
-        cur.execute(q("workflow_get"), {"id": workflow["id"]})
-        subflows.finish_parent(conn, cur.fetchone(), wait=False, actor=actor, now=now)
-
-
-def fire_timers(conn, *, now: datetime | None = None, limit: int = 100,
-                actor: str = "monitor") -> int:
-    """End due sleep steps and time out trigger waits; returns how many fired.
-
-    A trigger wait that times out is the other place where a step becomes
-    dead (the first is job_fail, for a worker's failed attempt)."""
-    clock = now or datetime.now(timezone.utc)
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(q("job_due_timers"), {"now": clock, "limit": limit})
-        due = cur.fetchall()
-    fired = 0
-    for timer in due:
-        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-            _lock_workflow(cur, timer["workflow_id"])
-            cur.execute(q("job_lock"), {"ids": [timer["id"]]})
-            row = cur.fetchone()
-            if row is None or row["status"] != WAITING or row["run_at"] > clock:
-                continue  # triggered or cancelled meanwhile
-            base: dict[str, Any] = dict(stream_id=row["id"], tags=row["tags"],
-                                        workflow_id=row["workflow_id"])
-            if row["step_type"] == "sleep":
-                events = [NewEvent(**base, version=row["version"] + 1, data=ev.Succeeded(
-                    result={"slept_seconds": row["sleep_seconds"]}))]
-            else:
-                error = f"trigger wait timed out after {row['timeout_seconds']:g}s"
-                events = [
-                    NewEvent(**base, version=row["version"] + 1, data=ev.Failed(
-                        attempt=row["attempts"], reason="timeout", error=error)),
-                    NewEvent(**base, version=row["version"] + 2, data=ev.DeadLettered(
-                        attempt=row["attempts"], error=error)),
-                ]
-            store.append(conn, events, actor=actor, now=now)
-            advance(conn, [row["workflow_id"]], now=now, actor=actor)
-            fired += 1
-    return fired
-
-
-def fire_deadlines(conn, *, now: datetime | None = None, limit: int = 100,
-                   actor: str = "monitor") -> int:
-    """Fail running workflows past their deadline; returns how many.
-
-    Running steps are cancelled (their workers stop at the next heartbeat, as
-    after a cancel), every other unfinished step is skipped, and the workflow
-    fails with reason `deadline`, all in one transaction per workflow."""
-    clock = now or datetime.now(timezone.utc)
-    with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(q("workflow_due_deadlines"), {"now": clock, "limit": limit})
-        due = [row[0] for row in cur.fetchall()]
-    fired = 0
-    for workflow_id in due:
-        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-            locked = _lock_workflow(cur, workflow_id)
-            workflow, steps = load(cur, workflow_id)
-            if locked["status"] in WORKFLOW_FINISHED or workflow["deadline_at"] > clock:
-                continue  # finished or resumed meanwhile
-            cur.execute(q("job_lock"), {"ids": sorted(r["id"] for r in steps if r["status"] in JOB_ACTIVE)})
-            reason = f"deadline of {workflow['deadline_seconds']:g}s passed"
-            events = [NewEvent(stream_id=r["id"], version=r["version"] + 1,
-                               data=(ev.Cancelled(reason=f"workflow {reason}") if r["status"] == RUNNING
-                                     else ev.Skipped(reason=f"workflow {reason}")),
-                               tags=r["tags"], workflow_id=workflow_id)
-                      for r in cur.fetchall() if r["status"] in JOB_ACTIVE]
-            events.append(NewEvent(stream_id=workflow_id, version=workflow["version"] + 1,
-                                   data=ev.WorkflowFailed(error=f"deadline: {reason}", reason="deadline"),
-                                   tags=workflow["tags"], workflow_id=workflow_id))
-            store.append(conn, events, actor=actor, now=now)
-            _end_children_and_tell_parent(conn, cur, workflow, actor=actor, now=now)
-            fired += 1
-    return fired
 
 
 def find(conn, *, external_id: str) -> uuid.UUID:

@@ -16,7 +16,8 @@ from qforge.api.common import ERRORS
 from qforge.api.deps import Conn, ReadConn
 from qforge.api.errors import ApiError
 from qforge.api.models import CompatWorkflowIn, CompatWorkflowView, Pods
-from qforge.workflows import submit as commands
+from qforge.workflows import engine as commands
+from qforge.workflows.submit import find
 from qforge.commands.errors import NotFound
 from qforge.commands.specs import StepSpec, WorkflowSpec
 from qforge.events import states
@@ -67,7 +68,7 @@ def _find(conn, workflow_id: str) -> tuple[dict, list[dict]]:
     if "\x00" in workflow_id:
         raise ApiError(404, "not_found", "no workflow has a NUL character in its id")
     try:
-        found_id = commands.find(conn, external_id=workflow_id)
+        found_id = find(conn, external_id=workflow_id)
     except NotFound:
         try:  # a QForge workflow id works too
             found_id = uuid.UUID(workflow_id)

@@ -14,6 +14,7 @@ from qforge.api.deps import Conn
 from qforge.api.errors import ApiError
 from qforge.api.models import WorkflowView
 from qforge.workflows import definitions as commands
+from qforge.workflows.engine import start_definition
 from qforge.commands.specs import NAME_PATTERN
 from qforge.projections import workflows as workflows_view
 
@@ -80,7 +81,7 @@ def run_definition(name: DefinitionName, conn: Conn, actor: Actor, body: command
     """Start a workflow of the latest version, or of `version`; its root steps get `payload.inputs`
     and the workflow's `definition` names the version it runs."""
     request = body or commands.RunRequest()
-    workflow_id = commands.start_definition(conn, name, request.inputs, actor=actor, tags=request.tags,
+    workflow_id = start_definition(conn, name, request.inputs, actor=actor, tags=request.tags,
                                             idempotency_key=request.idempotency_key, version=request.version)
     view = workflows_view.get_workflow(conn, workflow_id)
     assert view is not None
