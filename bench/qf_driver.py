@@ -1,7 +1,8 @@
 """QForge driver for run.py, run in the project's venv; the same verbs as the peers' drivers.
 
     setup    --url U                        apply the migrations
-    enqueue  --url U --jobs N --batch B     enqueue N no-op jobs in batches (app.commands.enqueue); RESULT jobs/s
+    enqueue  --url U --jobs N --batch B     enqueue N no-op jobs in batches (qforge.commands.enqueue.enqueue_many,
+                                            as PgQueuer's Queries.enqueue takes lists); RESULT jobs/s
     latency  --url U --jobs N --interval S  enqueue N jobs one at a time, enqueue time in the payload
     worker   --url U --batch B              fallback drain loop (claim + complete), used only when
                                             app/workers/worker.py does not exist
@@ -19,7 +20,7 @@ import psycopg
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import batch_sizes, driver_main, emit, emit_rate  # noqa: E402
 
-from qforge.commands.enqueue import JobSpec, enqueue as enqueue_jobs
+from qforge.commands.enqueue import JobSpec, enqueue as enqueue_jobs, enqueue_many
 
 
 def setup(args) -> None:
@@ -33,7 +34,7 @@ def enqueue(args) -> None:
     with psycopg.connect(args.url, autocommit=True) as conn:
         started = time.perf_counter()
         for size in batch_sizes(args.jobs, args.batch):
-            enqueue_jobs(conn, [JobSpec(task="bench_noop") for _ in range(size)], actor="bench")
+            enqueue_many(conn, "bench_noop", [None] * size, actor="bench")
         emit_rate(args.jobs, started)
 
 
