@@ -25,6 +25,7 @@ _PUBLIC = {
     "JobFailed": "qforge.client", "WaitTimeout": "qforge.client", "Unreachable": "qforge.client",
     "enqueue": "qforge.producer", "submit": "qforge.producer",
     "enqueue_async": "qforge.producer", "submit_async": "qforge.producer",
+    "enqueue_many": "qforge.producer", "enqueue_many_async": "qforge.producer",
     "JobSpec": "qforge.commands.specs", "WorkflowSpec": "qforge.commands.specs",
     "workflow": "qforge.workflows.registry", "StepFailed": "qforge.workflows.replay",
     "start": "qforge.producer", "start_async": "qforge.producer",

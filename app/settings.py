@@ -144,6 +144,8 @@ class Settings(BaseSettings):
     # Field names (besides Authorization, Proxy-Authorization, Cookie, Set-Cookie, and every
     # value of a shell step's `env`) shown as *** to read tokens; comma-separated, any case.
     redact_fields: str = ""
+    # (`duplicates` pairs the run of fields below with the worker's above by shape alone: one
+    # declaration a setting, nothing to share.)
     # Longest a statement of an API request may run (0: no limit).
     api_statement_timeout_seconds: float = Field(default=30, ge=0)
     # A page of /events, a list, a search or a proof stops once it holds about this many bytes

@@ -18,12 +18,10 @@ job per request, GET /jobs/{id}, GET /jobs?limit=50 (API CPU from its /proc too)
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -31,14 +29,15 @@ import psutil
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from pgcluster import Cluster, free_port  # noqa: E402  (a helper of the tests, shared)
+from pgcluster import Cluster  # noqa: E402  (a helper of the tests, shared)
+
+from common import start_api  # noqa: E402
 
 from qforge.commands import report  # noqa: E402
 from qforge.commands.claim import claim  # noqa: E402
 from qforge.commands.enqueue import JobSpec, enqueue  # noqa: E402
 from qforge.migrate import migrate  # noqa: E402
 
-QFORGE = Path(sys.executable).parent / "qforge"
 DBNAME = "qforge"
 
 
@@ -114,21 +113,7 @@ def run_once(jobs: int, api_requests: int) -> dict[str, dict[str, float]]:
                     done += len(claimed)
             results["claim 100 + complete 100"] = meter.per(done)
 
-            port = free_port()
-            env = {**os.environ, "QFORGE_LOG_LEVEL": "WARNING"}
-            api = subprocess.Popen([str(QFORGE), "api", "--database-url", url, "--port", str(port)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the API did not start")
-                time.sleep(0.1)
+            api, base = start_api(url, subprocess.DEVNULL)
             with httpx.Client(base_url=base, timeout=30) as client:
                 client.get("/jobs?limit=1")  # warm the pool
                 ids: list[str] = []

@@ -55,11 +55,121 @@ def emit(result: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def admin_parser(doc: str, *, repeat: int = 3) -> Any:
+    """The argument parser of a script that creates its own databases beside --database-url:
+    that option and --repeat; the script adds its own."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--database-url", required=True, help="admin URL; databases are created beside it")
+    parser.add_argument("--repeat", type=int, default=repeat)
+    return parser
+
+
+def driver_arguments(verbs: list[str], **defaults: Any) -> Any:
+    """The command line every driver takes: a verb, --url, --jobs, --batch, --interval,
+    --latency-dir, and the driver's own options given as name=default."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command", choices=verbs)
+    parser.add_argument("--url", required=True)
+    options = {"jobs": 100_000, "batch": 1000, "interval": 0.01, **defaults}
+    for name, default in options.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    parser.add_argument("--latency-dir", default=os.environ.get("BENCH_LATENCY_DIR", "/tmp"),
+                        help="where the latency task writes its start times (workers: BENCH_LATENCY_DIR)")
+    return parser.parse_args()
+
+
+def run_on_uvloop(coroutine: Any) -> Any:
+    """Run an async driver verb on uvloop when its venv has it (PgQueuer's `pgq run` and Oban's CLI
+    do: their best configuration), else on asyncio's own loop."""
+    try:
+        from uvloop import run
+    except ImportError:
+        import asyncio
+
+        run = asyncio.run
+    return run(coroutine)
+
+
+DRIVER_VERBS = ["setup", "enqueue", "worker", "latency"]
+
+
+def driver_main(verbs: dict[str, Any], run: Any = None, **defaults: Any) -> None:
+    """A driver's main: parse its command line (driver_arguments) and run the verb's function of
+    `verbs` (the driver's globals()), through `run` for coroutines (asyncio.run, run_on_uvloop)."""
+    args = driver_arguments(DRIVER_VERBS, **defaults)
+    done = verbs[args.command](args)
+    if run is not None:
+        run(done)
+
+
+async def paced(jobs: int, interval: float, send: Any) -> None:
+    """The latency verb's loop: `await send()` `jobs` times, `interval` seconds apart, then its RESULT."""
+    import asyncio
+
+    for _ in range(jobs):
+        await send()
+        await asyncio.sleep(interval)
+    emit({"sent": jobs})
+
+
+def batch_sizes(jobs: int, batch: int) -> list[int]:
+    """`jobs` cut into batches of at most `batch`."""
+    return [min(batch, jobs - lo) for lo in range(0, jobs, batch)]
+
+
+def emit_rate(jobs: int, started: float) -> None:
+    """The enqueue verb's answer: `jobs` since perf_counter() read `started`."""
+    elapsed = time.perf_counter() - started
+    emit({"jobs": jobs, "seconds": elapsed, "jobs_per_s": jobs / elapsed})
+
+
 def parse_result(stdout: str) -> dict[str, Any]:
     for line in reversed(stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     raise RuntimeError(f"no RESULT line in driver output:\n{stdout[-2000:]}")
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 nobody listens on right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_api(url: str, log: Any, *, timeout: float = 60,
+              env: dict[str, str] | None = None) -> tuple[Any, str]:
+    """A `qforge api` (this interpreter's qforge) serving database `url` on a free port, in its own
+    session, output to `log` (a file or subprocess.DEVNULL), `env` added to its environment, once
+    /healthz answers: (the process, its base URL). (httpx and qforge: the project's venv only.)"""
+    import subprocess
+
+    import httpx
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "QFORGE_LOG_LEVEL": "WARNING", **(env or {})}
+    process = subprocess.Popen([sys.executable, "-m", "qforge.cli", "api", "--database-url", url, "--port", str(port)],
+                               stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return process, base
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"qforge api did not start (exit {process.poll()}; output in"
+                               f" {getattr(log, 'name', '-')})")
+        time.sleep(0.2)
 
 
 # --- CPU -----------------------------------------------------------------------

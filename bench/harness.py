@@ -229,17 +229,32 @@ def python_of(venv: Path) -> str:
     return str(venv / "bin" / "python")
 
 
-def ensure_peers_venv(venv: Path, packages: list[str], log=print) -> dict[str, str]:
-    """Create the peers' own venv once (python -m venv + pip) and return the installed versions."""
+def ensure_venv(venv: Path, packages: list[str], modules: list[str], *, python: str = sys.executable,
+                log=print) -> dict[str, str]:
+    """Create a peer's own venv once (`python` -m venv + pip, until `modules` import) and return
+    the installed versions of `packages`."""
     if not (venv / "bin" / "python").exists():
-        log(f"creating {venv} and installing {' '.join(packages)}")
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    check = subprocess.run([python_of(venv), "-c", "import pgqueuer, procrastinate, asyncpg, psycopg"],
-                           capture_output=True)
+        log(f"creating {venv} ({python}) and installing {' '.join(packages)}")
+        subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    check = subprocess.run([python_of(venv), "-c", "import " + ", ".join(modules)], capture_output=True)
     if check.returncode != 0:
         subprocess.run([python_of(venv), "-m", "pip", "install", "--quiet", *packages], check=True)
     listing = subprocess.run([python_of(venv), "-m", "pip", "list", "--format=freeze"],
                              capture_output=True, text=True, check=True).stdout
-    wanted = {"pgqueuer", "procrastinate", "asyncpg", "psycopg"}
+    wanted = {package.partition("[")[0].lower() for package in packages}
     return {name: version for name, _, version in (line.partition("==") for line in listing.splitlines())
             if name.lower() in wanted}
+
+
+def python312() -> str:
+    """A Python 3.12 or newer for the venvs of peers that need it (Oban for Python):
+    $BENCH_PYTHON312, python3.12 / python3.13 on PATH, else pyenv's."""
+    import glob
+    import shutil
+
+    candidates = [os.environ.get("BENCH_PYTHON312"), shutil.which("python3.12"), shutil.which("python3.13"),
+                  *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[2-9]*/bin/python3")))]
+    for candidate in candidates:
+        if candidate and os.path.exists(candidate):
+            return candidate
+    raise RuntimeError("Oban for Python needs Python 3.12+: set BENCH_PYTHON312 to one")

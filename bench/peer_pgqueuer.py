@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import signal
@@ -24,10 +23,10 @@ from pgqueuer.models import Job
 from pgqueuer.queries import Queries
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import emit, record_start  # noqa: E402
+from common import batch_sizes, driver_main, emit_rate, paced, record_start, run_on_uvloop  # noqa: E402
 
 
-async def setup(args: argparse.Namespace) -> None:
+async def setup(args) -> None:
     conn = await asyncpg.connect(args.url)
     try:
         await Queries(AsyncpgDriver(conn)).install()
@@ -35,19 +34,17 @@ async def setup(args: argparse.Namespace) -> None:
         await conn.close()
 
 
-async def enqueue(args: argparse.Namespace) -> None:
+async def enqueue(args) -> None:
     conn = await asyncpg.connect(args.url)
     queries = Queries(AsyncpgDriver(conn))
     started = time.perf_counter()
-    for lo in range(0, args.jobs, args.batch):
-        size = min(args.batch, args.jobs - lo)
+    for size in batch_sizes(args.jobs, args.batch):
         await queries.enqueue(["noop"] * size, [None] * size, [0] * size)
-    elapsed = time.perf_counter() - started
+    emit_rate(args.jobs, started)
     await conn.close()
-    emit({"jobs": args.jobs, "seconds": elapsed, "jobs_per_s": args.jobs / elapsed})
 
 
-async def worker(args: argparse.Namespace) -> None:
+async def worker(args) -> None:
     conn = await asyncpg.connect(args.url)
     qm = QueueManager(Queries(AsyncpgDriver(conn)))
     latency_dir = args.latency_dir
@@ -68,31 +65,15 @@ async def worker(args: argparse.Namespace) -> None:
     await conn.close()
 
 
-async def latency(args: argparse.Namespace) -> None:
+async def latency(args) -> None:
     conn = await asyncpg.connect(args.url)
     queries = Queries(AsyncpgDriver(conn))
-    for _ in range(args.jobs):
-        await queries.enqueue("latency", repr(time.time()).encode())
-        await asyncio.sleep(args.interval)
+    await paced(args.jobs, args.interval, lambda: queries.enqueue("latency", repr(time.time()).encode()))
     await conn.close()
-    emit({"sent": args.jobs})
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["setup", "enqueue", "worker", "latency"])
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--jobs", type=int, default=100_000)
-    parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--interval", type=float, default=0.01)
-    parser.add_argument("--latency-dir", default=os.environ.get("BENCH_LATENCY_DIR", "/tmp"))
-    args = parser.parse_args()
-    # PgQueuer depends on uvloop and its own CLI (`pgq run`) runs on it: its best configuration.
-    try:
-        from uvloop import run
-    except ImportError:
-        run = asyncio.run
-    run(globals()[args.command](args))
+    driver_main(globals(), run_on_uvloop, batch=100)
 
 
 if __name__ == "__main__":

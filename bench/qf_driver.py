@@ -1,7 +1,8 @@
 """QForge driver for run.py, run in the project's venv; the same verbs as the peers' drivers.
 
     setup    --url U                        apply the migrations
-    enqueue  --url U --jobs N --batch B     enqueue N no-op jobs in batches (app.commands.enqueue); RESULT jobs/s
+    enqueue  --url U --jobs N --batch B     enqueue N no-op jobs in batches (qforge.commands.enqueue.enqueue_many,
+                                            as PgQueuer's Queries.enqueue takes lists); RESULT jobs/s
     latency  --url U --jobs N --interval S  enqueue N jobs one at a time, enqueue time in the payload
     worker   --url U --batch B              fallback drain loop (claim + complete), used only when
                                             app/workers/worker.py does not exist
@@ -9,7 +10,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -18,29 +18,27 @@ import time
 import psycopg
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import emit  # noqa: E402
+from common import batch_sizes, driver_main, emit, emit_rate  # noqa: E402
 
-from qforge.commands.enqueue import JobSpec, enqueue as enqueue_jobs
+from qforge.commands.enqueue import JobSpec, enqueue as enqueue_jobs, enqueue_many
 
 
-def setup(args: argparse.Namespace) -> None:
+def setup(args) -> None:
     from qforge.migrate import migrate
 
     with psycopg.connect(args.url, autocommit=True) as conn:
         migrate(conn)
 
 
-def enqueue(args: argparse.Namespace) -> None:
+def enqueue(args) -> None:
     with psycopg.connect(args.url, autocommit=True) as conn:
         started = time.perf_counter()
-        for lo in range(0, args.jobs, args.batch):
-            size = min(args.batch, args.jobs - lo)
-            enqueue_jobs(conn, [JobSpec(task="bench_noop") for _ in range(size)], actor="bench")
-        elapsed = time.perf_counter() - started
-    emit({"jobs": args.jobs, "seconds": elapsed, "jobs_per_s": args.jobs / elapsed})
+        for size in batch_sizes(args.jobs, args.batch):
+            enqueue_many(conn, "bench_noop", [None] * size, actor="bench")
+        emit_rate(args.jobs, started)
 
 
-def latency(args: argparse.Namespace) -> None:
+def latency(args) -> None:
     with psycopg.connect(args.url, autocommit=True) as conn:
         for _ in range(args.jobs):
             enqueue_jobs(conn, [JobSpec(task="bench_latency", payload={"enqueued_at": time.time()})],
@@ -49,7 +47,7 @@ def latency(args: argparse.Namespace) -> None:
     emit({"sent": args.jobs})
 
 
-def worker(args: argparse.Namespace) -> None:
+def worker(args) -> None:
     """Claim a batch, 'run' it (no-op), complete it in one statement; until SIGTERM."""
     from qforge.commands.claim import claim
     from qforge.commands.report import Report, complete
@@ -69,15 +67,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["setup", "enqueue", "latency", "worker"])
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--jobs", type=int, default=100_000)
-    parser.add_argument("--batch", type=int, default=1000)
-    parser.add_argument("--interval", type=float, default=0.01)
-    parser.add_argument("--latency-dir", help="unused: the workers read BENCH_LATENCY_DIR")
-    args = parser.parse_args()
-    globals()[args.command](args)
+    driver_main(globals())
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ job_claim_plain is the same text, so the variant measures that version's plain c
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -36,7 +35,7 @@ import psycopg
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
-from common import percentile, summarize  # noqa: E402
+from common import admin_parser, percentile, summarize  # noqa: E402
 from qf_history import backend_cpu_ns, claim_side_by_side, recreate_database  # noqa: E402
 
 VARIANTS = ("plain", "keys", "rate", "fair")
@@ -61,18 +60,23 @@ def _specs(variant: str, count: int) -> list:
 
 def _fill(admin_url: str, variant: str, jobs: int) -> str:
     """A fresh database holding `jobs` pending jobs of one variant (and, for "rate", the queue's limit)."""
-    from qforge.commands.enqueue import enqueue
-
     url = _database(admin_url, f"{DB_PREFIX}_{variant.replace('@', '_')}", variant)
     with psycopg.connect(url, autocommit=True) as conn:
-        for lo in range(0, jobs, 1000):
-            enqueue(conn, _specs(variant, min(1000, jobs - lo)), actor="bench")
-        if variant == "rate":
-            from qforge.commands.queues import QueueSettingsSpec, configure_queue
-            configure_queue(conn, "default", QueueSettingsSpec(rate_per_second=1_000_000, burst=1_000_000))
-        conn.execute("ANALYZE jobs")
-        conn.execute("CHECKPOINT")
+        _load(conn, variant, jobs)
     return url
+
+
+def _load(conn: psycopg.Connection, variant: str, jobs: int) -> None:
+    """`jobs` pending jobs of one variant (and, for "rate", the queue's limit), analyzed, checkpointed."""
+    from qforge.commands.enqueue import enqueue
+
+    for lo in range(0, jobs, 1000):
+        enqueue(conn, _specs(variant, min(1000, jobs - lo)), actor="bench")
+    if variant == "rate":
+        from qforge.commands.queues import QueueSettingsSpec, configure_queue
+        configure_queue(conn, "default", QueueSettingsSpec(rate_per_second=1_000_000, burst=1_000_000))
+    conn.execute("ANALYZE jobs")
+    conn.execute("CHECKPOINT")
 
 
 def _database(admin_url: str, name: str, variant: str) -> str:
@@ -142,17 +146,10 @@ def claim_cpu(admin_url: str, variant: str, jobs: int, *, batch: int = 100) -> d
     """PostgreSQL CPU per claim statement: one connection claims `jobs` jobs, `batch` a claim
     (no completions: only the claim's own cost). Runs against any QForge version for "plain"."""
     from qforge.commands.claim import claim
-    from qforge.commands.enqueue import enqueue
 
     url = recreate_database(admin_url, f"{DB_PREFIX}_cpu_{variant}")
     with psycopg.connect(url, autocommit=True) as conn:
-        for lo in range(0, jobs, 1000):
-            enqueue(conn, _specs(variant, min(1000, jobs - lo)), actor="bench")
-        if variant == "rate":
-            from qforge.commands.queues import QueueSettingsSpec, configure_queue
-            configure_queue(conn, "default", QueueSettingsSpec(rate_per_second=1_000_000, burst=1_000_000))
-        conn.execute("ANALYZE jobs")
-        conn.execute("CHECKPOINT")
+        _load(conn, variant, jobs)
         backend = conn.info.backend_pid
         claims, claimed = 0, 0
         before, started = backend_cpu_ns(backend), time.perf_counter()
@@ -360,11 +357,9 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main() -> None:
     global DB_PREFIX, BASELINE_TREE
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", required=True, help="admin URL; databases are created beside it")
+    parser = admin_parser(__doc__)
     parser.add_argument("--parts", default="claim,fairness,rate")
     parser.add_argument("--jobs", type=int, default=20_000)
-    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="claim part only")
     parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--samples", type=int, default=100, help="B's jobs, one a second, per case")

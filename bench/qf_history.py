@@ -15,7 +15,6 @@ Run by run.py; also usable alone:
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
@@ -28,7 +27,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import emit, in_turns, load_queries, recreate, summarize, with_database  # noqa: E402
+from common import admin_parser, emit, in_turns, load_queries, recreate, summarize, with_database  # noqa: E402
 from perf_profile import Recording  # noqa: E402
 
 KEPT_HISTORY = "qf_bench_history"  # the one history run.py keeps (--keep-history) and reuses
@@ -267,11 +266,9 @@ def backend_cpu_ns(pid: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", required=True, help="admin URL; databases are created beside it")
+    parser = admin_parser(__doc__)
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--pending", type=int, default=20_000)
-    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--keep", action="store_true", help="keep the history database")
     args = parser.parse_args()
     url = recreate_database(args.database_url, KEPT_HISTORY)

@@ -15,7 +15,6 @@ roles of a QForge that shares the server.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import psycopg
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
-from common import recreate, summarize  # noqa: E402
+from common import admin_parser, recreate, summarize  # noqa: E402
 from qf_history import claim_side_by_side, enqueue_pending  # noqa: E402
 
 BASELINE = "fe80a14"
@@ -45,10 +44,8 @@ def old_migrations(commit: str, into: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", required=True, help="admin URL; databases are created beside it")
+    parser = admin_parser(__doc__, repeat=2)
     parser.add_argument("--jobs", type=int, default=20_000)
-    parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--role-prefix", default="qfbench")
     parser.add_argument("--db-prefix", default=DB_PREFIX)
     args = parser.parse_args()

@@ -22,7 +22,6 @@ of `qforge archive`.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -30,7 +29,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 import qf_history  # noqa: E402
-from common import emit, in_turns, recreate, summarize, with_database  # noqa: E402
+from common import admin_parser, emit, in_turns, recreate, start_api, summarize, with_database  # noqa: E402
 
 SCALE_HISTORY = "qf_bench_scale"  # kept with --keep (and reused with --reuse)
 REQUESTS = 300  # per read figure and repetition
@@ -62,33 +60,12 @@ BESIDE_ROUNDS = 2  # and just before and just after each archive, on its copy
 PACK_MODES = {"closed": False, "all": True}  # --pack MODE: pack(close_current=...)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Api:
     """A `qforge api` process on one database."""
 
     def __init__(self, url: str, log_dir: Path, name: str):
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
         self.log = open(log_dir / f"scale-api-{name}.log", "w")
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "QFORGE_LOG_LEVEL": "WARNING"}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "qforge", "api", "--database-url", url, "--port", str(self.port)],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"qforge api did not start (see {self.log.name})")
-            time.sleep(0.2)
+        self.process, self.base = start_api(url, self.log)
         self.client = httpx.Client(base_url=self.base, timeout=60)
 
     def close(self) -> None:
@@ -565,10 +542,8 @@ def _archive_seconds(output: str) -> float | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", required=True, help="admin URL; databases are created beside it")
+    parser = admin_parser(__doc__)
     parser.add_argument("--events", type=int, default=50_000_000)
-    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--claim-jobs", type=int, default=20_000)
     parser.add_argument("--keep", action="store_true", help="keep the large history (--history-name)")
     parser.add_argument("--reuse", action="store_true", help="reuse a kept history of this size (--history-name)")

@@ -1,12 +1,14 @@
-"""QForge, PgQueuer and Procrastinate side by side on one PostgreSQL: one command, one table.
+"""QForge, PgQueuer, Procrastinate, Oban for Python and DBOS side by side on one PostgreSQL: one
+command, one table.
 
     python bench/run.py --database-url postgresql://postgres@127.0.0.1:5432/postgres --repeat 3
     python bench/run.py --database-url ... --quick          # small sizes, a few minutes
 
 The URL names an existing database used only to create and drop the
 benchmark's own databases (qf_bench_<run id>_*, dropped at the end). The
-peers are installed into bench/.peers-venv on first use; they are not
-project dependencies. Prints a Markdown table and writes
+peers are installed on first use into bench/.peers-venv (PgQueuer,
+Procrastinate, DBOS) and bench/.oban-venv (Oban for Python, which needs
+Python 3.12+: see harness.python312); they are not project dependencies. Prints a Markdown table and writes
 bench/results/<timestamp>.json with every repetition. Not part of the test
 suite.
 """
@@ -18,7 +20,6 @@ import json
 import os
 import platform
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -35,19 +36,35 @@ sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
 import psycopg  # noqa: E402
 
-from common import parse_result, summarize  # noqa: E402
-from harness import Bench, System, ensure_peers_venv, python_of  # noqa: E402
+from common import parse_result, start_api, summarize  # noqa: E402
+from harness import Bench, System, ensure_venv, python312, python_of  # noqa: E402
 from perf_profile import Recording  # noqa: E402
 from qf_history import KEPT_HISTORY  # noqa: E402
 from report import goals, markdown_table  # noqa: E402
 
-PEER_PACKAGES = ["pgqueuer", "asyncpg", "procrastinate", "psycopg[binary]"]
-SYSTEMS = ("qforge", "pgqueuer", "procrastinate")
+# Each peer's venv: (folder under bench/, Python, packages, modules that must import).
+PEER_VENVS = {
+    "peers": (".peers-venv", lambda: sys.executable,
+              ["pgqueuer", "asyncpg", "procrastinate", "psycopg[binary]", "dbos"],
+              ["pgqueuer", "procrastinate", "asyncpg", "psycopg", "dbos"]),
+    "oban": (".oban-venv", python312, ["oban"], ["oban"]),  # Oban for Python needs 3.12+
+}
+VENV_OF = {"pgqueuer": "peers", "procrastinate": "peers", "dbos": "peers", "oban": "oban"}
+SYSTEMS = ("qforge", "pgqueuer", "procrastinate", "oban", "dbos")
 PARTS = ("drain", "latency", "claim", "sse", "replay")
 OPTIONAL_PARTS = ("scale", "flow")  # long (scale: a 50M-event history) or QForge-only: only when named
 
 
-def build_systems(args: argparse.Namespace, peers_python: str, bench: Bench) -> dict[str, System]:
+def peer(name: str, python: str, bench: Bench, worker_args: list[str], *, progress_sql: str, busy_sql: str,
+         done_count_sql: str) -> System:
+    """A peer driven by bench/peer_<name>.py from its own venv's `python`."""
+    driver = str(BENCH_DIR / f"peer_{name}.py")
+    return System(name=name, database=bench.name(name), python=python, driver=driver,
+                  worker_argv=[python, driver, "worker", "--url", "{url}", *worker_args],
+                  progress_sql=progress_sql, busy_sql=busy_sql, done_count_sql=done_count_sql)
+
+
+def build_systems(args: argparse.Namespace, pythons: dict[str, str], bench: Bench) -> dict[str, System]:
     qforge_env = {"PYTHONPATH": os.pathsep.join([str(BENCH_DIR), str(ROOT)]),
                   "QFORGE_LOG_LEVEL": "WARNING"}
     if (ROOT / "app" / "workers" / "worker.py").exists() and not args.qforge_loop:
@@ -59,6 +76,7 @@ def build_systems(args: argparse.Namespace, peers_python: str, bench: Bench) -> 
     else:  # the fallback: a minimal claim + complete loop over the same commands
         qforge_worker = [sys.executable, str(BENCH_DIR / "qf_driver.py"), "worker", "--url", "{url}",
                          "--batch", str(args.qforge_concurrency)]
+    python = lambda name: pythons.get(VENV_OF[name], sys.executable)  # noqa: E731
     return {
         "qforge": System(
             name="qforge", database=bench.name("qforge"), python=sys.executable,
@@ -70,23 +88,33 @@ def build_systems(args: argparse.Namespace, peers_python: str, bench: Bench) -> 
             # Every transition is in the log: Enqueued, Claimed, Succeeded per job.
             extra_checks=[("events_per_job", "SELECT count(*)::float / nullif((SELECT count(*) FROM jobs), 0)"
                                              " FROM events")]),
-        "pgqueuer": System(
-            name="pgqueuer", database=bench.name("pgqueuer"), python=peers_python,
-            driver=str(BENCH_DIR / "peer_pgqueuer.py"),
-            worker_argv=[peers_python, str(BENCH_DIR / "peer_pgqueuer.py"), "worker", "--url", "{url}",
-                         "--batch", "100"],
+        "pgqueuer": peer(
+            "pgqueuer", python("pgqueuer"), bench, ["--batch", "100"],
             progress_sql="SELECT coalesce(max(id), 0) FROM pgqueuer_log",
             busy_sql="SELECT EXISTS (SELECT 1 FROM pgqueuer)",
             done_count_sql="SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"),
-        "procrastinate": System(
-            name="procrastinate", database=bench.name("procrastinate"), python=peers_python,
-            driver=str(BENCH_DIR / "peer_procrastinate.py"),
-            worker_argv=[peers_python, str(BENCH_DIR / "peer_procrastinate.py"), "worker", "--url", "{url}",
-                         "--concurrency", "16"],
+        "procrastinate": peer(
+            "procrastinate", python("procrastinate"), bench, ["--concurrency", "16"],
             progress_sql="SELECT coalesce(max(id), 0) FROM procrastinate_events",
             busy_sql="SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))",
             done_count_sql="SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"),
+        "oban": peer(  # settings: bench/peer_oban.py's docstring
+            "oban", python("oban"), bench, ["--limit", "100"],
+            progress_sql="SELECT count(*) FROM oban_jobs WHERE state IN ('executing', 'completed')",
+            busy_sql="SELECT EXISTS (SELECT 1 FROM oban_jobs WHERE state IN ('available', 'executing'))",
+            done_count_sql="SELECT count(*) FROM oban_jobs WHERE state = 'completed'"),
+        "dbos": peer(  # settings, and why: bench/peer_dbos.py's docstring
+            "dbos", python("dbos"), bench, ["--concurrency", "100", "--polling-interval", "0.05"],
+            progress_sql="SELECT count(*) FROM dbos.workflow_status WHERE started_at_epoch_ms IS NOT NULL",
+            busy_sql="SELECT EXISTS (SELECT 1 FROM dbos.workflow_status"
+                     " WHERE queue_name = 'bench' AND status IN ('ENQUEUED', 'PENDING'))",
+            done_count_sql="SELECT count(*) FROM dbos.workflow_status WHERE status = 'SUCCESS'"),
     }
+
+
+def drain_jobs(args: argparse.Namespace, name: str) -> int:
+    """The drain size of one system: the slow peers drain fewer (--procrastinate-jobs, --dbos-jobs)."""
+    return {"procrastinate": args.procrastinate_jobs, "dbos": args.dbos_jobs}.get(name, args.jobs)
 
 
 def log(message: str) -> None:
@@ -105,7 +133,7 @@ def run_drain(bench: Bench, systems: dict[str, System], args: argparse.Namespace
     raw: dict[str, dict[str, list]] = {name: {"enqueue": [], "drain": []} for name in systems}
     for rep in range(args.repeat):
         for name, system in systems.items():
-            jobs = args.procrastinate_jobs if name == "procrastinate" else args.jobs
+            jobs = drain_jobs(args, name)
             bench.fresh_database(system.database)
             bench.driver(system, "setup")
             recording = Recording(f"{name}-enqueue")  # only with BENCH_PERF_DIR (perf_profile.py)
@@ -120,7 +148,7 @@ def run_drain(bench: Bench, systems: dict[str, System], args: argparse.Namespace
                 f"{drained['workers_cpu_us_per_job']:.0f} workers + {drained['postgres_cpu_us_per_job']:.0f} "
                 f"PostgreSQL")
     return {name: {
-        "jobs": args.procrastinate_jobs if name == "procrastinate" else args.jobs,
+        "jobs": drain_jobs(args, name),
         "enqueue_jobs_per_s": summarize([r["jobs_per_s"] for r in parts["enqueue"]]),
         "drain_jobs_per_s": summarize([r["jobs_per_s"] for r in parts["drain"]]),
         "drain_machine_cpu_us_per_job": summarize([r["machine_cpu_us_per_job"] for r in parts["drain"]]),
@@ -189,10 +217,22 @@ def run_claim(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
             "ratio": summarize(ratios), "ratio_complete": summarize(ratios_complete)}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+class LoadSampler:
+    """The 1-minute load average every 10 s while the run lasts (os.getloadavg)."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        self.samples: list[float] = [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _sample(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class ForeignXminWatch:
@@ -231,26 +271,17 @@ class ForeignXminWatch:
 
 
 def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
-    import httpx
-
     url = bench.fresh_database(bench.name("sse"))
-    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "QFORGE_LOG_LEVEL": "WARNING"}
     api_log = open(bench.log_dir / "sse-api.log", "w")
-    api = subprocess.Popen([sys.executable, "-m", "qforge.cli", "api", "--database-url", url, "--port", str(port)],
-                           stdout=api_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    api = None
     reps = []
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if api.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"qforge api did not start; see {bench.log_dir / 'sse-api.log'}")
-            time.sleep(0.2)
+        # The API allows QFORGE_API_STREAMS_PER_TOKEN (20) open streams per token: all subscribers
+        # here are anonymous, so one token.
+        api, base = start_api(url, api_log, env={"QFORGE_API_STREAMS_PER_TOKEN": str(args.sse_subscribers + 1)})
+        port = base.rsplit(":", 1)[1]
+
         def one_run(subscribers: int) -> dict[str, Any]:
             subscriber = subprocess.Popen(
                 [sys.executable, str(BENCH_DIR / "qf_sse.py"), "subscribe", "--port", str(port),
@@ -297,7 +328,8 @@ def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
                 f" another database held an xid for up to {result['foreign_xid_held_s']:.1f} s"
                 f" (1 subscriber: {single['foreign_xid_held_s']:.1f} s)")
     finally:
-        bench.stop_workers([api])
+        if api is not None:
+            bench.stop_workers([api])
         api_log.close()
         bench.drop_database(bench.name("sse"))
     return {"p50_ms": summarize([r["p50_ms"] for r in reps]), "p99_ms": summarize([r["p99_ms"] for r in reps]),
@@ -370,13 +402,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=3, help="repetitions per figure (at least 3)")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes (10k jobs, 300 latency jobs, 500k history, 3 s of SSE)")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="subset of qforge,pgqueuer,procrastinate")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="subset of " + ",".join(SYSTEMS))
     parser.add_argument("--parts", default=",".join(PARTS),
                         help="subset of " + ",".join(PARTS + OPTIONAL_PARTS) + " (scale and flow only when named)")
     parser.add_argument("--jobs", type=int, default=100_000, help="drain size")
     parser.add_argument("--procrastinate-jobs", type=int, default=10_000,
                         help="drain size for Procrastinate: it drains 150-1,000 jobs/s here, so 100,000 would "
                              "take 2-10 minutes per repetition; its claim only slows as the queue grows")
+    parser.add_argument("--dbos-jobs", type=int, default=20_000,
+                        help="drain size for DBOS: it enqueues one job per call at ~1,000 jobs/s and drains"
+                             " 1,000-2,000 jobs/s here")
     parser.add_argument("--qforge-concurrency", type=int, default=500,
                         help="slots per `qforge worker` process in the drain")
     parser.add_argument("--qforge-loop", action="store_true",
@@ -409,6 +444,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.jobs, args.latency_jobs, args.history_jobs = 10_000, 300, 500_000
         args.claim_jobs, args.sse_seconds = 10_000, 3.0
     args.procrastinate_jobs = min(args.procrastinate_jobs, args.jobs)
+    args.dbos_jobs = min(args.dbos_jobs, args.jobs)
     if args.repeat < 3:
         log("note: fewer than 3 repetitions; the figures are not medians of 3")
     return args
@@ -432,12 +468,14 @@ def main(argv: list[str] | None = None) -> int:
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     started = time.perf_counter()
     versions: dict[str, str] = {}
-    peers_python = sys.executable
-    if any(name != "qforge" for name in wanted) and ("drain" in parts or "latency" in parts):
-        venv = BENCH_DIR / ".peers-venv"
-        versions = ensure_peers_venv(venv, PEER_PACKAGES, log=log)
-        peers_python = python_of(venv)
-    all_systems = build_systems(args, peers_python, bench)
+    pythons: dict[str, str] = {}
+    if "drain" in parts or "latency" in parts:
+        for venv_name in dict.fromkeys(VENV_OF[name] for name in wanted if name in VENV_OF):
+            folder, python, packages, modules = PEER_VENVS[venv_name]
+            venv = BENCH_DIR / folder
+            versions.update(ensure_venv(venv, packages, modules, python=python(), log=log))
+            pythons[venv_name] = python_of(venv)
+    all_systems = build_systems(args, pythons, bench)
     systems = {name: all_systems[name] for name in SYSTEMS if name in wanted}
     results: dict[str, Any] = {
         "started_at": stamp, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if argv is None else argv,
@@ -447,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         "qforge_worker": " ".join(all_systems["qforge"].worker_argv),
         "config": {k: v for k, v in vars(args).items() if k != "database_url"},
     }
+    load = LoadSampler()  # the machine is shared: its load beside the figures
     try:
         if "drain" in parts:
             results["drain"] = run_drain(bench, systems, args)
@@ -471,11 +510,14 @@ def main(argv: list[str] | None = None) -> int:
             results["flow"] = qf_flow.run(args.database_url, jobs=args.claim_jobs, repeat=args.repeat)
     finally:
         bench.drop_all(keep={KEPT_HISTORY})
+        load.stop()
     results["machine"]["load_after"] = os.getloadavg()
+    results["machine"]["load_1min_during"] = summarize(load.samples)
     results["total_s"] = time.perf_counter() - started
-    results["goals"] = goals(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / f"{stamp}.json"
+    json_path.write_text(json.dumps(results, indent=2, default=str))  # the measurements, whatever follows
+    results["goals"] = goals(results)
     json_path.write_text(json.dumps(results, indent=2, default=str))
     print(markdown_table(results))
     if "flow" in results:

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from pgcluster import Cluster, find_bindir, free_port, server_user
+from qforge.cli.dev import healthy
 from qforge.migrate import migrate
 from test_worker_support import QFORGE, Proc, Processes, succeeded_counts, wait_for
 
@@ -64,16 +65,9 @@ def start_api(processes: Processes, env: dict[str, str] | None = None, timeout: 
         wait_for(listening, timeout=timeout, message="the API to listen")
         if not proc.alive():
             continue
-        wait_for(lambda: _healthy(base), timeout=timeout, message="the API to answer /healthz")
+        wait_for(lambda: healthy(base), timeout=timeout, message="the API to answer /healthz")
         return proc, base
     raise AssertionError("qforge api could not bind a free port five times")
-
-
-def _healthy(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 class RetryingClient:

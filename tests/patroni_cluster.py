@@ -26,7 +26,7 @@ import psycopg
 import pytest
 import yaml
 
-from pgcluster import _base_folder, _chown, _run_as, find_bindir, free_port, server_user
+from pgcluster import _base_folder, _chown, _run_as, find_bindir, free_port, kill_group, log_tail, server_user
 
 # Patroni's clock: a leader key lives TTL seconds, every node looks LOOP_WAIT seconds apart, and
 # retries the DCS and PostgreSQL for RETRY_TIMEOUT (Patroni wants loop_wait + 2 * retry <= ttl).
@@ -70,9 +70,7 @@ class Etcd:
             time.sleep(0.1)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+        kill_group(self.process)
 
 
 def _http_ok(url: str, timeout: float = 2) -> bool:
@@ -172,15 +170,10 @@ class Node:
                 pass
 
     def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
+        return log_tail(self.log_path)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+        kill_group(self.process)
         pid = self.postmaster_pid()
         if pid is not None:
             try:

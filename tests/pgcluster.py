@@ -88,6 +88,21 @@ def _chown(path: Path) -> None:
         os.chown(path, user.pw_uid, user.pw_gid)
 
 
+def log_tail(path: Path) -> str:
+    """The end of a server's log, for a failure message ("" when there is none yet)."""
+    try:
+        return path.read_text(errors="replace")[-4000:]
+    except OSError:
+        return ""
+
+
+def kill_group(process: subprocess.Popen | None) -> None:
+    """SIGKILL a process started in a session of its own, and its group, if it still runs."""
+    if process is not None and process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+
 def _base_folder() -> Path:
     shm = Path("/dev/shm")
     base = shm if os.access(shm, os.W_OK) else Path("/var/tmp")
@@ -126,16 +141,11 @@ class Server:
                 time.sleep(0.05)
 
     def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
+        return log_tail(self.log_path)
 
     def kill(self) -> None:
         """SIGKILL the postmaster and every backend, as a machine that dies (no shutdown checkpoint)."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+        kill_group(self.process)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

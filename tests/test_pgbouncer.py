@@ -26,7 +26,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from conftest import fast_temp_base
+from tests.conftest import fast_temp_base
 from cluster_procs import Enqueuer, RetryingClient, assert_exactly_once, start_api, submit_diamonds, wait_all_done
 from pgcluster import free_port, server_user
 from qforge.db import ROLE_KINDS, role_name

@@ -140,3 +140,98 @@ def test_a_one_job_enqueue_on_an_autocommit_connection_is_one_statement_and_comm
     with psycopg.connect(db_url, autocommit=True) as conn:
         events = conn.execute("SELECT type FROM events WHERE stream_id = %s", (result.id,)).fetchall()
     assert events == [("Enqueued",)]
+
+
+# --------------------------------------------------------------------------- qforge.enqueue_many
+
+
+def _stored(db_url: str, job_ids: list[uuid.UUID]) -> list[tuple]:
+    """What the log and the read model hold of each job, in the order of job_ids, without what
+    differs between two enqueues (id, times, positions, hashes)."""
+    with psycopg.connect(db_url, autocommit=True) as other:
+        rows = other.execute(
+            "SELECT e.data, e.tags, e.type, e.version, j.task, j.queue, j.priority, j.max_retries, j.payload,"
+            "       j.tags, j.status, j.timeout_seconds, j.concurrency_key, j.concurrency_limit, j.fairness_key,"
+            "       nullif(j.run_at, j.created_at)"
+            "  FROM unnest(%s::uuid[]) WITH ORDINALITY AS i(id, n) JOIN events e ON e.stream_id = i.id"
+            "  JOIN jobs j ON j.id = i.id ORDER BY i.n", (job_ids,)).fetchall()
+    assert len(rows) == len(job_ids)
+    return rows
+
+
+def test_enqueue_many_stores_what_enqueue_does_job_by_job_and_replay_and_audit_agree(db_url):
+    from qforge.audit.verify import verify
+    from qforge.projections import replay
+
+    payloads = [None, {}, {"n": 1, "deep": {"list": [1, "x", None]}}, {"n": 2}] * 200  # 800: four statements
+    options = {"queue": "mail", "priority": 5, "max_retries": 1, "timeout_seconds": 30.0,
+               "tags": {"tenant": "acme"}, "run_at": "2030-01-02T03:04:05+00:00", "concurrency_key": "k",
+               "concurrency_limit": 2,
+               "fairness_key": "f"}
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        batch = qforge.enqueue_many(conn, "send_email", payloads, **options)
+        single = [qforge.enqueue(conn, "send_email", payload, **options) for payload in payloads[:4]]
+    assert len(batch) == len(set(batch)) == 800 and batch == sorted(batch)  # in order, time-ordered ids
+    assert _stored(db_url, batch) == _stored(db_url, single) * 200
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert replay.verify(conn) == []
+        assert verify(conn).problems == []
+
+
+def test_enqueue_many_with_no_options_and_no_payloads_is_a_plain_job_each(db_url):
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        batch = qforge.enqueue_many(conn, "noop", [None] * 3)
+        single = qforge.enqueue(conn, "noop")
+        assert qforge.enqueue_many(conn, "noop", []) == []
+        delayed = qforge.enqueue_many(conn, "noop", [None, None], delay_seconds=60)
+        waits = conn.execute("SELECT extract(epoch FROM run_at - created_at) FROM jobs WHERE id = ANY(%s)",
+                             (delayed,)).fetchall()
+    assert _stored(db_url, batch) == _stored(db_url, [single]) * 3
+    assert [round(wait) for (wait,) in waits] == [60, 60]
+
+
+def test_enqueue_many_commits_and_rolls_back_with_the_callers_transaction(app_db, db_url):
+    with app_db.transaction():
+        app_db.execute("INSERT INTO orders VALUES (10)")
+        kept = qforge.enqueue_many(app_db, "echo", [{"n": n} for n in range(300)])
+        assert job_count(db_url) == 0
+    assert job_count(db_url) == 300
+    dropped = qforge.enqueue_many(app_db, "echo", [None] * 600)  # the first statement: no commit of its own
+    app_db.rollback()
+    assert job_count(db_url) == 300 and job_count(db_url, dropped[0]) == 0 and job_count(db_url, kept[-1]) == 1
+
+
+def test_enqueue_many_refuses_bad_input_naming_the_job_before_sending(app_db, db_url):
+    with app_db.transaction():
+        app_db.execute("INSERT INTO orders VALUES (11)")
+        cases = [
+            (([{"n": 1}, [1, 2]],), {}, "payloads.1"),
+            (([None, None, {"x": float("nan")}],), {}, "payloads[2].x"),
+            (([{"text": "a\x00b"}],), {}, "payloads[0].text"),
+            (([None],), {"priority": "urgent"}, "priority"),
+            (([None],), {"idempotency_key": "k"}, "idempotency_key"),
+            (([None],), {"payload": {"a": 1}}, "payload"),
+            (([None],), {"concurrency_key": "k"}, "body"),
+        ]
+        for args, options, field in cases:
+            with pytest.raises(Invalid) as bad:
+                qforge.enqueue_many(app_db, "echo", *args, **options)
+            assert bad.value.details[0]["field"] == field, (options, bad.value.details)
+        with pytest.raises(Invalid) as bad:
+            qforge.enqueue_many(app_db, "", [None])
+        assert bad.value.details[0]["field"] == "task"
+        job_ids = qforge.enqueue_many(app_db, "echo", [None])  # the transaction is still usable
+    assert job_count(db_url, job_ids[0]) == 1
+
+
+def test_enqueue_many_on_an_async_connection(db_url):
+    async def main() -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+        async with await psycopg.AsyncConnection.connect(db_url) as conn:
+            async with conn.transaction():
+                kept = await qforge.enqueue_many(conn, "echo", [{"n": 1}, None])
+            dropped = await qforge.enqueue_many_async(conn, "echo", [None] * 3)
+            await conn.rollback()
+            return kept, dropped
+    kept, dropped = asyncio.run(main())
+    assert job_count(db_url) == 2 and all(job_count(db_url, job_id) == 1 for job_id in kept)
+    assert not any(job_count(db_url, job_id) for job_id in dropped)

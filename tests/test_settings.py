@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from qforge.settings import get_settings
+from qforge.settings import Settings, get_settings
 from test_worker_support import QFORGE
 
 
@@ -77,3 +77,15 @@ def test_the_direct_url_logs_in_as_the_process_unless_it_names_a_user() -> None:
     assert direct_url(own, listen) == "postgresql://qforge_worker:pw@db:5432/qforge"
     named = Settings(pooler="transaction", listen_database_url="postgresql://listener:x@db:5432/qforge")
     assert direct_url(own, named) == "postgresql://listener:x@db:5432/qforge"
+
+
+def test_role_logins_take_each_roles_password_from_its_url_setting() -> None:
+    """`qforge migrate` on an external server sets the passwords the role URL settings carry
+    (only for a URL whose user is that role's name)."""
+    from qforge.db import role_logins, role_name
+
+    settings = Settings(database_url="postgresql://owner:pw@db.invalid/qforge",
+                        worker_database_url=f"postgresql://{role_name(Settings().role_prefix, 'worker')}:s3cret@db.invalid/qforge",
+                        api_database_url="postgresql://someone_else:nope@db.invalid/qforge")
+    logins = role_logins(settings, settings.database_url)
+    assert logins == {role_name(settings.role_prefix, "worker"): "s3cret"}

@@ -13,7 +13,9 @@ from qforge.sql import QUERIES
 ROOT = Path(__file__).resolve().parent.parent
 # Where a statement can be used: the package's code, its own SQL (-- include:), the benchmarks.
 USERS = [*ROOT.joinpath("app").rglob("*.py"), *ROOT.joinpath("app", "sql").glob("*.sql"),
-         *ROOT.joinpath("bench").rglob("*.py")]
+         *(path for path in ROOT.joinpath("bench").rglob("*.py")
+           # not the peers' venvs (bench/.peers-venv, bench/.oban-venv): a library's name is no use
+           if not any(part.startswith(".") for part in path.relative_to(ROOT).parts))]
 # q("x"), template("x", ...), QUERIES["x"], and names handed on as strings ("x").
 NAMED_USE = r"""["']{name}["']|--\s*include:\s*{name}\b"""
 CALL = re.compile(r"""\b(?:q|template)\(\s*["']([a-z0-9_]+)["']""")

@@ -7,6 +7,7 @@ the worker sets a timer on it). Without either, these jobs would wait for the 30
 
 from __future__ import annotations
 
+import re
 import statistics
 from datetime import datetime, timedelta, timezone
 from uuid import UUID
@@ -83,3 +84,34 @@ def test_a_worker_with_a_30s_poll_starts_new_and_delayed_jobs_when_told(conn: ps
         assert min(late_ms) >= 0 and max(late_ms) < BOUND_MS, f"run_at to start, ms: {late_ms}"
         print(f"wake: enqueue->start p50 {statistics.median(latencies_ms):.1f} ms,"
               f" p99 {_p99(latencies_ms):.1f} ms; run_at->start max {max(late_ms):.1f} ms")
+
+
+def _claims(workers: list) -> int:
+    """Claims the workers made so far (each logs one line per claim at DEBUG)."""
+    return sum(len(re.findall(r"claimed \d+ jobs of \d+", worker.log_path.read_text())) for worker in workers)
+
+
+def _waiting(conn: psycopg.Connection) -> int:
+    return scalar(conn, "SELECT count(*) FROM job_waiters")
+
+
+def test_a_new_job_wakes_one_idle_worker_and_no_other_claims_in_vain(conn: psycopg.Connection,
+                                                                     procs: Processes) -> None:
+    _, base = start_api(procs)
+    env = {**SLOW_POLL, "QFORGE_LOG_LEVEL": "DEBUG"}
+    workers = [procs.worker("--concurrency", "4", "--name", name, env=env) for name in ("one", "two")]
+    wait_for(lambda: _waiting(conn) == 2, timeout=30, message="both workers to wait for work")
+    before = _claims(workers)
+    jobs = 20
+    with httpx.Client(base_url=base, timeout=30) as api:
+        for _ in range(jobs):
+            job_id = UUID(api.post("/jobs", json={"task": "echo"}).json()["id"])
+            wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", job_id) == "succeeded",
+                     timeout=10, message="the job to run", interval=0.005)
+            wait_for(lambda: _waiting(conn) == 2, timeout=10, message="both workers to wait again", interval=0.005)
+    claims = _claims(workers) - before
+    # one claim per job (a poll or a listener's reconnect may add one); every worker woken by
+    # every job makes two per job (40: seen without 34_wake.sql)
+    assert jobs <= claims <= jobs + 2, f"{claims} claims for {jobs} jobs"
+    # the longest-waiting worker is woken: they take turns
+    assert scalar(conn, "SELECT count(DISTINCT actor) FROM events WHERE type = 'Claimed'") == 2

@@ -19,6 +19,7 @@ from qforge import tracing
 from qforge.api import dashboard_states, errors
 from qforge.api.routes import (compat, definitions, events, executions, jobs, keys, operations, queues, schedules,
                                stats, tokens, workflows)
+from qforge.api.asgi import HttpMiddleware
 from qforge.api.auth import api_routes, authorize, refuse_unguarded
 from qforge.api.consistency import WriteLsnHeaders
 from qforge.api.deps import Resources
@@ -37,16 +38,17 @@ def is_json(content_type: bytes) -> bool:
     return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
 
 
-class BodyLimit:
+class BodyLimit(HttpMiddleware):
     """413 for a body over the limit, by its Content-Length or by counting what arrives
     (a chunked body has no length); 415 for a body that is not JSON. The body is read here,
     at most limit + one chunk, then handed on to the app unchanged."""
 
     def __init__(self, app: ASGIApp, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+        super().__init__(app)
+        self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
@@ -125,17 +127,10 @@ DOCS_PAGE = """<!doctype html>
 """
 
 
-class SecurityHeaders:
+class SecurityHeaders(HttpMiddleware):
     """Adds SECURITY_HEADERS to every HTTP response (a header the route set itself wins)."""
 
-    def __init__(self, app: ASGIApp):
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers") or [])
@@ -205,13 +200,28 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
     tracing.instrument(app)  # server spans, when this process traces (qforge api configures it)
     app.state.metrics = make_registry(resources)
     errors.install(app)
+    protected = [Depends(authorize)]  # every route but the health checks and code (dashboard, Swagger UI)
+    _include_routers(app, protected)
+    _add_docs(app, protected)
+    _add_dashboard(app)
+    _add_middleware(app, settings, bound_host)
+    refuse_unguarded(app)
+    if not settings.api_token:
+        _optional_security(app)
+    return app
 
-    protected = [Depends(authorize)]
+
+def _include_routers(app: FastAPI, protected: list) -> None:
+    """Every resource's router behind the token, and the health checks without one."""
     for router in (jobs.router, workflows.router, definitions.router, compat.router, events.router,
                    executions.router, operations.router, tokens.router, queues.router, schedules.router,
                    stats.router, keys.router):
         app.include_router(router, dependencies=protected)
     app.include_router(operations.health_router)
+
+
+def _add_docs(app: FastAPI, protected: list) -> None:
+    """/openapi.json and Swagger UI (/docs) behind the read scope; Swagger UI's own files without."""
 
     @app.get("/openapi.json", include_in_schema=False, dependencies=protected)
     def openapi_document() -> JSONResponse:
@@ -225,6 +235,9 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
     # Swagger UI's own files: code, like the dashboard's, so no token.
     app.mount("/docs/static", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="swagger-ui")
 
+
+def _add_dashboard(app: FastAPI) -> None:
+    """The dashboard: its generated states module, the favicon and, last, its files."""
     states_js = dashboard_states.module()
 
     @app.get("/js/states.js", include_in_schema=False)
@@ -244,16 +257,15 @@ def create_app(database_url: str | None = None, *, settings: Settings | None = N
         # Last, so every API route wins; the page asks for the token itself.
         app.mount("/", Dashboard(app), name="dashboard")
 
+
+def _add_middleware(app: FastAPI, settings: Settings, bound_host: str | None) -> None:
+    """In this order: each one added wraps those before it, so SecurityHeaders runs first."""
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RedactForReaders, names=settings.redact_names)
     if settings.read_database_url:
         app.add_middleware(WriteLsnHeaders)  # X-QForge-LSN on writes: read-your-writes via a standby
     app.add_middleware(BrowserGuard, hosts=allowed_hosts(settings.allowed_hosts, bound_host or settings.host))
     app.add_middleware(SecurityHeaders)
-    refuse_unguarded(app)
-    if not settings.api_token:
-        _optional_security(app)
-    return app
 
 
 def _optional_security(app: FastAPI) -> None:

@@ -12,8 +12,9 @@ browser: the cookie) too. Without QFORGE_READ_DATABASE_URL none of this runs.
 from __future__ import annotations
 
 from fastapi import Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from qforge.api.asgi import HttpMiddleware
 from qforge.replication import format_lsn, parse_lsn
 
 HEADER = "X-QForge-LSN"
@@ -36,20 +37,14 @@ def record_write(request: Request, lsn: int) -> None:
         holder["lsn"] = max(holder.get("lsn", 0), lsn)
 
 
-class WriteLsnHeaders:
+class WriteLsnHeaders(HttpMiddleware):
     """Adds X-QForge-LSN and the qforge_lsn cookie to the response of a write that recorded one.
 
     ASGI middleware, because the position is known only after the route's
     transaction committed, when FastAPI has already built the response headers.
     """
 
-    def __init__(self, app: ASGIApp):
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         holder: dict[str, int] = {}
         scope[_SCOPE_KEY] = holder
 

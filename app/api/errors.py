@@ -12,8 +12,9 @@ from fastapi.responses import JSONResponse
 from psycopg_pool import PoolTimeout
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from qforge.api.asgi import HttpMiddleware
 from qforge.commands.errors import CommandError, Conflict, Invalid, NotAllowed, NotFound
 from qforge.commands.specs import NAME_PATTERN, NAME_RULE
 
@@ -150,20 +151,14 @@ async def _on_database_down(request: Request, exc: Exception) -> JSONResponse:
                           headers={"Retry-After": "1"})
 
 
-class Unexpected:
+class Unexpected(HttpMiddleware):
     """Any exception no handler above took becomes a 500 with the JSON error body, here,
     without raising further. (An `Exception` handler of Starlette's would answer the same body
     but then re-raise it to the server, which logs "Exception in ASGI application" and closes
     the keep-alive connection under the client's next request.) When the response had already
     begun there is nothing to answer: the error is logged and the connection ends."""
 
-    def __init__(self, app: ASGIApp):
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
         async def tracking_send(message: Message) -> None:

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from qforge.api.asgi import HttpMiddleware
 from qforge.api.errors import error_response
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -88,17 +89,15 @@ def is_json(content_type: str) -> bool:
     return media in JSON_TYPES or (media.startswith("application/") and media.endswith("+json"))
 
 
-class BrowserGuard:
+class BrowserGuard(HttpMiddleware):
     """ASGI middleware: 400 for a Host that is not allowed, 403 for a write from a foreign Origin,
     415 for a write whose body is not JSON. Each a contract §3 error body naming the setting."""
 
     def __init__(self, app: ASGIApp, hosts: frozenset[str]):
-        self.app, self.hosts = app, hosts
+        super().__init__(app)
+        self.hosts = hosts
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         refusal = self.refusal(scope)
         if refusal is None:
             await self.app(scope, receive, send)

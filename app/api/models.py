@@ -188,6 +188,8 @@ class WorkflowCreated(BaseModel):
     code: str | None = None  # a workflow written as code: its @qforge.workflow name
 
 
+# `duplicates` pairs these fields with EventEnvelope's by their shape alone (a run of typed
+# fields): different things, nothing to share.
 class WorkflowSummary(BaseModel):
     id: UUID
     name: str

@@ -19,6 +19,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from qforge.api.asgi import HttpMiddleware
+
 MASK = "***"
 ALWAYS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 ENV_KEY = "env"  # a shell step's environment: every value hidden
@@ -73,17 +75,15 @@ def wants_redaction(scope: Scope) -> bool:
     return who is not None and getattr(who, "scope", None) == "read"
 
 
-class RedactForReaders:
+class RedactForReaders(HttpMiddleware):
     """Masks secret-looking members of JSON responses and SSE `data:` lines for read tokens.
     Costs nothing for other callers: the response passes untouched."""
 
     def __init__(self, app: ASGIApp, names: frozenset[str]):
-        self.app, self.names = app, ALWAYS | names
+        super().__init__(app)
+        self.names = ALWAYS | names
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope.setdefault("state", {})  # shared with the route's request.state (authorize sets `who`)
         mode: list[str] = []  # "json" | "sse" | "pass", decided at the response's start
         start: list[Message] = []

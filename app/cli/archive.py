@@ -8,12 +8,12 @@ from pathlib import Path
 
 import psycopg
 
-from qforge.cli.common import batch_job_url, complain, database_url
-from qforge.cli.progress import Progress
-from qforge.log.archive import ArchiveError, archive
+from qforge.cli.common import complain, database_url, run_batch_job
 from qforge.db import connect
+from qforge.log.archive import ArchiveError, archive
 from qforge.log.archive_check import verify_archive
 from qforge.settings import get_settings
+
 
 def run(args: argparse.Namespace) -> int:
     """Exit 0: done (verify: the archive is sound); 1: verify found problems; 2: could not run."""
@@ -26,16 +26,12 @@ def run(args: argparse.Namespace) -> int:
     if directory is None:
         complain("archive", "where to? give --to DIR or set QFORGE_ARCHIVE_DIR")
         return 2
-    url = batch_job_url("archive", args, {"--duty": args.duty, "--busy-duty": args.busy_duty})
-    if url is None:
-        return 2
-    try:
-        with connect(url, autocommit=True) as conn, Progress("archive", unit="positions") as progress:
-            done = archive(conn, Path(directory), older_than=args.older_than, close_current=args.close_current,
-                           report=lambda line: print(line, flush=True), duty=args.duty,
-                           busy_duty=args.busy_duty, progress=progress)
-    except (ArchiveError, psycopg.Error, OSError, ValueError) as exc:
-        complain("archive", exc)
+    done = run_batch_job("archive", args, (ArchiveError, psycopg.Error, OSError, ValueError),
+                         lambda conn, progress: archive(
+                             conn, Path(directory), older_than=args.older_than, close_current=args.close_current,
+                             report=lambda line: print(line, flush=True), duty=args.duty,
+                             busy_duty=args.busy_duty, progress=progress))
+    if done is None:
         return 2
     if not done.segments:
         print("nothing to archive: no closed partition" + (" old enough" if args.older_than else "")

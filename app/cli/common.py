@@ -6,9 +6,11 @@ import logging
 import os
 import sys
 import time
+from typing import Callable, TypeVar
 
 import psycopg
 
+from qforge.cli.progress import Progress
 from qforge.db import EmbeddedPostgresError, connect, direct_url, resolve_database_url
 from qforge.migrate import SchemaDrift, SchemaPending, check
 from qforge.settings import Settings
@@ -16,6 +18,8 @@ from qforge.settings import Settings
 log = logging.getLogger("qforge")
 
 SCHEMA_RECHECK_SECONDS = 2.0
+
+T = TypeVar("T")
 
 
 def complain(command: str, message: object) -> None:
@@ -63,6 +67,22 @@ def batch_job_url(command: str, args, shares: dict[str, float | None]) -> str | 
         return None
     os.nice(args.nice)  # a batch job: the queue's own processes on this machine go first
     return url
+
+
+def run_batch_job(command: str, args, errors: tuple[type[Exception], ...],
+                  work: Callable[[psycopg.Connection, Progress], T]) -> T | None:
+    """`work(conn, progress)` as a batch job beside a live queue (archive, pack: --duty,
+    --busy-duty and --nice checked, see batch_job_url) with a progress line in positions;
+    None after saying what went wrong (one of `errors`)."""
+    url = batch_job_url(command, args, {"--duty": args.duty, "--busy-duty": args.busy_duty})
+    if url is None:
+        return None
+    try:
+        with connect(url, autocommit=True) as conn, Progress(command, unit="positions") as progress:
+            return work(conn, progress)
+    except errors as exc:
+        complain(command, exc)
+        return None
 
 
 def configure_logging(settings: Settings) -> None:

@@ -155,9 +155,10 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def _healthy(port: int) -> bool:
+def healthy(base_url: str) -> bool:
+    """Does the API at `base_url` answer /healthz (the tests wait on it too)?"""
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200
+        return httpx.get(f"{base_url}/healthz", timeout=1.0).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -183,7 +184,7 @@ class Supervisor:
             now = time.monotonic()
             for child in self.children:
                 self._watch(child, now)
-            if not announced and _healthy(self.port):
+            if not announced and healthy(f"http://127.0.0.1:{self.port}"):
                 announced = True
                 _say(f"ready: dashboard and API on http://127.0.0.1:{self.port}, workers on queues "
                      f"{self.queues}, database {self.database_url} (Ctrl-C stops)")
@@ -270,14 +271,9 @@ def run(args: argparse.Namespace) -> int:
     data_dir = Path(settings.data_dir).expanduser().absolute()
     claim = data_dir / "dev.json"
     owner = _owner(claim)
-    if owner is not None and not getattr(args, "attach", False):
-        print(f"qforge dev: another qforge dev runs in this folder (pid {owner['pid']}, dashboard on "
-              f"http://127.0.0.1:{owner.get('port')}); use it, stop it, or run this one with --attach "
-              f"to add an API on port {port} and two pools to it", file=sys.stderr)
-        return 1
-    if not _port_free("127.0.0.1", port):
-        print(f"qforge dev: port {port} on 127.0.0.1 is in use (another qforge dev?); "
-              "choose another with --port", file=sys.stderr)
+    refusal = _refusal(args, owner, port)
+    if refusal is not None:
+        print(f"qforge dev: {refusal}", file=sys.stderr)
         return 1
     url = args.database_url or settings.database_url
     suffix = ""
@@ -285,6 +281,48 @@ def run(args: argparse.Namespace) -> int:
         url, suffix = owner["database_url"], f"-{os.getpid()}"
         _say(f"attaching to the qforge dev of pid {owner['pid']} (port {owner.get('port')}): its PostgreSQL, "
              f"which this one neither starts nor stops; pools pool-1{suffix} and pool-2{suffix}, no monitor")
+    database = _database(args, settings, data_dir, owner, url)
+    if database is None:
+        return 1
+    embedded, url, role_urls = database
+    supervisor = Supervisor(port, _child_environment(url, role_urls), queues, getattr(args, "tasks", "") or "",
+                            suffix, monitor=owner is None, database_url=url)
+    previous = {sig: signal.signal(sig, supervisor.request_stop)
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    if owner is None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        _claim(claim, port, url)
+    try:
+        supervisor.run()
+    finally:
+        supervisor.stop_all()
+        if owner is None:
+            _release(claim)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if embedded is not None:
+            _say("stopping PostgreSQL")
+            embedded.stop()
+    _say("stopped")
+    return 0
+
+
+def _refusal(args: argparse.Namespace, owner: dict | None, port: int) -> str | None:
+    """Why this qforge dev cannot start here (another owns the folder, the port is taken), or None."""
+    if owner is not None and not getattr(args, "attach", False):
+        return (f"another qforge dev runs in this folder (pid {owner['pid']}, dashboard on "
+                f"http://127.0.0.1:{owner.get('port')}); use it, stop it, or run this one with --attach "
+                f"to add an API on port {port} and two pools to it")
+    if not _port_free("127.0.0.1", port):
+        return (f"port {port} on 127.0.0.1 is in use (another qforge dev?); "
+                "choose another with --port")
+    return None
+
+
+def _database(args: argparse.Namespace, settings, data_dir: Path, owner: dict | None,
+              url: str | None) -> tuple[EmbeddedPostgres | None, str, dict[str, str]] | None:
+    """The database ready for the children: (the embedded server this process started, if any;
+    the owner's URL; the roles' URLs by setting name, when known), or None after saying why not."""
     embedded: EmbeddedPostgres | None = None
     role_urls: dict[str, str] = {}
     try:
@@ -312,8 +350,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"qforge dev: {exc}", file=sys.stderr)
         if embedded is not None:
             embedded.stop()
-        return 1
+        return None
+    return embedded, url, role_urls
 
+
+def _child_environment(url: str, role_urls: dict[str, str]) -> dict[str, str]:
     # Children reach the same server by its URL and never start one themselves,
     # so this process is the embedded server's only user and stops it at the end.
     # Each child on its own role (issue 30): with the embedded server they get their roles'
@@ -325,23 +366,4 @@ def run(args: argparse.Namespace) -> int:
     # The demo's http steps call services on this machine: allow loopback here
     # only (issue 19: an http step refuses non-public addresses by default).
     env.setdefault("QFORGE_HTTP_ALLOW", "127.0.0.0/8,::1,localhost")
-    supervisor = Supervisor(port, env, queues, getattr(args, "tasks", "") or "", suffix, monitor=owner is None,
-                            database_url=url)
-    previous = {sig: signal.signal(sig, supervisor.request_stop)
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    if owner is None:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        _claim(claim, port, url)
-    try:
-        supervisor.run()
-    finally:
-        supervisor.stop_all()
-        if owner is None:
-            _release(claim)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if embedded is not None:
-            _say("stopping PostgreSQL")
-            embedded.stop()
-    _say("stopped")
-    return 0
+    return env

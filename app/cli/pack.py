@@ -6,10 +6,8 @@ import argparse
 
 import psycopg
 
-from qforge.cli.common import batch_job_url, complain
-from qforge.cli.progress import Progress
+from qforge.cli.common import complain, run_batch_job
 from qforge.log.pack import PackError, pack
-from qforge.db import connect
 
 
 def run(args: argparse.Namespace) -> int:
@@ -17,15 +15,10 @@ def run(args: argparse.Namespace) -> int:
     if args.keep < 0:
         complain("pack", f"--keep is a number of positions, >= 0, not {args.keep}")
         return 2
-    url = batch_job_url("pack", args, {"--duty": args.duty, "--busy-duty": args.busy_duty})
-    if url is None:
-        return 2
-    try:
-        with connect(url, autocommit=True) as conn, Progress("pack", unit="positions") as progress:
-            done = pack(conn, close_current=args.close_current, duty=args.duty, busy_duty=args.busy_duty,
-                        keep=args.keep, report=lambda line: print(line, flush=True), progress=progress)
-    except (PackError, psycopg.Error, ValueError) as exc:
-        complain("pack", exc)
+    done = run_batch_job("pack", args, (PackError, psycopg.Error, ValueError), lambda conn, progress: pack(
+        conn, close_current=args.close_current, duty=args.duty, busy_duty=args.busy_duty, keep=args.keep,
+        report=lambda line: print(line, flush=True), progress=progress))
+    if done is None:
         return 2
     if not done.partitions:
         print("nothing to pack: no closed partition (--close-current closes the one being written)")

@@ -88,9 +88,8 @@ class AsyncClient(Routes, ManageRoutes):
                     else:
                         parser = SseParser()
                         async for line in response.aiter_lines():
-                            if (found := parser.read(line)) is not None:
-                                resume.received(found[0])
-                                yield found[1]
+                            if (event := resume.read(parser, line)) is not None:
+                                yield event
             except httpx.TransportError:
                 pass
             resume.dropped()

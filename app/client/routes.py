@@ -165,6 +165,8 @@ class Routes:
         body = validated(CodeWorkflowSpec, {"code": name, "input": input, **options})
         return self._call(Call("POST", "/workflows", _model(models.WorkflowCreated), body=body))
 
+    # Shaped like the job methods above: one method per route (their requests differ); Call and
+    # _call are what they share.
     @route("GET", "/workflows/{workflow_id}")
     def get_workflow(self, workflow_id: UUID | str, *, as_of: int | None = None):
         """The workflow now, or as it was right after log position `as_of`."""

@@ -73,6 +73,14 @@ class Resume:
     def received(self, cursor: str | None) -> None:
         self.last, self.failures = cursor, 0
 
+    def read(self, parser: SseParser, line: str) -> Any | None:
+        """The typed event `line` ends (its cursor noted as received), else None."""
+        found = parser.read(line)
+        if found is None:
+            return None
+        self.received(found[0])
+        return found[1]
+
     def dropped(self) -> None:
         self.failures += 1
         if self.failures > MAX_RECONNECTS:

@@ -101,9 +101,8 @@ class Client(Routes, ManageRoutes):
                     else:
                         parser = SseParser()
                         for line in response.iter_lines():
-                            if (found := parser.read(line)) is not None:
-                                resume.received(found[0])
-                                yield found[1]
+                            if (event := resume.read(parser, line)) is not None:
+                                yield event
             except httpx.TransportError:
                 pass
             resume.dropped()

@@ -10,7 +10,7 @@ from typing import Any
 
 from qforge import tracing
 from qforge.commands.plan import Last, Plan, Statement, run
-from qforge.commands.specs import JobSpec
+from qforge.commands.specs import JobSpec, parse_batch
 from qforge.events.ids import new_ids
 from qforge.events.types import Enqueued
 from qforge.sql import q
@@ -79,6 +79,11 @@ def span_attributes(specs: list[JobSpec]) -> dict[str, Any]:
             "queue": next(iter(queues)) if len(queues) == 1 else None, "count": len(specs)}
 
 
+def batch_attributes(shared: JobSpec, payloads: list) -> dict[str, Any]:
+    """The qforge.enqueue span's attributes of an enqueue_many batch."""
+    return {**span_attributes([shared]), "count": len(payloads)}
+
+
 def enqueue_plan(specs: list[JobSpec], *, actor: str = "api", now: datetime | None = None,
                  trace: dict[str, str] | None = None) -> Plan[list[EnqueueResult]]:
     """enqueue() as a plan (qforge.commands.plan), so qforge.enqueue can run it in the caller's
@@ -109,6 +114,35 @@ def enqueue_plan(specs: list[JobSpec], *, actor: str = "api", now: datetime | No
     return [EnqueueResult(job_id, True) if job_id in inserted
             else EnqueueResult(existing[spec.idempotency_key], False)
             for spec, job_id in zip(specs, ids)]
+
+
+def enqueue_many(conn, task: str, payloads: list[dict[str, Any] | None], *, actor: str = "api",
+                 now: datetime | None = None, **options: Any) -> list[uuid.UUID]:
+    """Enqueue one job per payload, atomically, all of task `task` with the same options (those of
+    POST /jobs but idempotency_key); their ids, in order. Validated once per batch (parse_batch)."""
+    shared, payloads = parse_batch(task, payloads, options)
+    with tracing.enqueue_span(**batch_attributes(shared, payloads)) as traced:
+        return run(conn, enqueue_many_plan(shared, payloads, actor=actor, now=now, trace=traced.carrier))
+
+
+def enqueue_many_plan(shared: JobSpec, payloads: list[dict[str, Any] | None], *, actor: str = "api",
+                      now: datetime | None = None, trace: dict[str, str] | None = None) -> Plan[list[uuid.UUID]]:
+    """enqueue_many() as a plan. The jobs' Enqueued data is the shared spec's, sent once, plus each
+    job's payload, added by the statement (job_enqueue_many): no document is built per job here,
+    and the database parses none for a job without a payload."""
+    if not payloads:
+        return []
+    ids = new_ids(len(payloads))
+    data = json.dumps(enqueued_data(shared, now or datetime.now(timezone.utc), trace))
+    tags = json.dumps(shared.tags) if shared.tags else None
+    parts = [range(start, min(start + PART, len(ids))) for start in range(0, len(ids), PART)]
+    statements = (Statement(q("job_enqueue_many"), {
+        "ids": "{" + ",".join([job_id.hex for job_id in ids[part.start:part.stop]]) + "}",
+        # null for a part without payloads: the statement's ROWS FROM pads them with nulls
+        "payloads": json.dumps(payloads[part.start:part.stop]) if any(payloads[part.start:part.stop]) else None,
+        "data": data, "tags": tags, "actor": actor, "now": now}) for part in parts)
+    yield Last(statements) if len(parts) == 1 else statements
+    return ids
 
 
 def job_row(job_id: uuid.UUID, data: Enqueued | dict[str, Any], tags: dict[str, str],

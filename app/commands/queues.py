@@ -12,7 +12,6 @@ from psycopg.rows import dict_row
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from qforge.commands.errors import Invalid
-from qforge.commands.specs import NAME_PATTERN
 from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.types import NewEvent

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator,
+                      model_validator)
 
 from qforge.commands.errors import Invalid
 from qforge.workflows import dag
@@ -225,6 +226,36 @@ class WorkflowSpec(Storable):
             if step.inputs is not None and step.type != "workflow":
                 problems.append(f"step '{step.step}': inputs are only for a workflow step")
         return problems
+
+
+# A batch's payloads: one validation over the list, no model per job (qforge.enqueue_many).
+_PAYLOADS = TypeAdapter(list[Optional[dict[str, Any]]])
+# Options that name one job, not a batch: each job of a batch would carry the same.
+PER_JOB_OPTIONS = ("idempotency_key", "payload")
+
+
+def parse_batch(task: str, payloads: list[Any], options: dict[str, Any]) -> tuple[JobSpec, list[Any]]:
+    """A batch of jobs that share task and options and differ in their payloads: the shared part
+    validated once by JobSpec (as POST /jobs would), the payloads by one pass over the list (each a
+    JSON object or None, storable as the spec's payload is), or Invalid naming each problem
+    (`payloads.3.x`). Nothing is built per job."""
+    given = [name for name in PER_JOB_OPTIONS if name in options]
+    if given:
+        raise Invalid(f"{given[0]}: one per job, not per batch: enqueue such jobs one by one",
+                      [{"field": name, "message": "not an option of a batch"} for name in given])
+    shared = parse_spec(JobSpec, {"task": task, **options})
+    try:
+        payloads = _PAYLOADS.validate_python(payloads)
+    except ValidationError as exc:
+        details = [{"field": ".".join(str(p) for p in ("payloads", *error["loc"])), "message": str(error["msg"])}
+                   for error in exc.errors()]
+        raise Invalid("; ".join(f"{d['field']}: {d['message']}" for d in details[:10]), details) from None
+    problems = [problem for index, payload in enumerate(payloads) if payload  # None and {} hold nothing
+                for problem in storable_problems(payload, f"payloads[{index}]", 1)]
+    if problems:
+        raise Invalid("; ".join(problems[:10]), [{"field": problem.split(":")[0], "message": problem}
+                                                 for problem in problems[:10]])
+    return shared, payloads
 
 
 def parse_spec(model: type[BaseModel], data: Any) -> Any:

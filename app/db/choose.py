@@ -16,7 +16,7 @@ from typing import Mapping
 import psycopg
 from psycopg import sql
 
-from qforge.db.connections import CONNECT_TIMEOUT_SECONDS, with_credentials
+from qforge.db.connections import CONNECT_TIMEOUT_SECONDS, url_login, with_credentials
 from qforge.db.embedded import _SHARED, _THREAD_LOCK, EmbeddedPostgres
 from qforge.settings import Settings, get_settings
 

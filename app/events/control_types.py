@@ -6,7 +6,7 @@ where readers look for them.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, ClassVar, Literal
 from uuid import UUID
 

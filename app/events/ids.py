@@ -9,6 +9,7 @@ import time
 import uuid
 
 _lock = threading.Lock()
+_UNKNOWN = uuid.SafeUUID.unknown  # an enum member's lookup is a descriptor call: once, here
 _last = [0, 0]  # last millisecond, sequence within it
 
 
@@ -37,7 +38,7 @@ def _uuid(value: int) -> uuid.UUID:
     construction): a third of the cost of enqueueing a job in Python was there."""
     made = object.__new__(uuid.UUID)
     object.__setattr__(made, "int", value)
-    object.__setattr__(made, "is_safe", uuid.SafeUUID.unknown)
+    object.__setattr__(made, "is_safe", _UNKNOWN)
     return made
 
 

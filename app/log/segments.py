@@ -194,7 +194,7 @@ def file_sha256(path: Path) -> str:
 
 
 def read_segment(path: Path) -> Iterator[dict[str, Any]]:
-    """The events of a segment file, in position order, as written (see line_of)."""
+    """The events of a segment file, in position order, as written (lines of archive_partition_lines)."""
     with gzip.open(path, "rt", encoding="utf-8") as lines:
         for line in lines:
             yield json.loads(line)

@@ -6,7 +6,8 @@ SELECT j.id, j.data, nullif(j.tags, '{}') AS tags, j.workflow_id,
   FROM jsonb_to_recordset(%(jobs)s::jsonb) AS j(id uuid, data jsonb, tags jsonb, workflow_id uuid)
 
 -- name: job_enqueue_append
--- Their Enqueued events (where they say `-- include: job_enqueue_append`),
+-- Their Enqueued events, and job_enqueue_many's (where they say
+-- `-- include: job_enqueue_append`),
 -- one per row of `input`. A stream's first event carries its tags; its hash
 -- starts the stream's chain (event_hash_fixed: the encoding's part shared by
 -- the statement's events is computed once, see 10_log.sql).
@@ -42,6 +43,22 @@ WITH input AS (
 -- include: job_enqueue_append
  WHERE NOT i.data ? 'idempotency_key' OR i.id IN (SELECT stream_id FROM keyed)
 RETURNING stream_id
+
+-- name: job_enqueue_many
+-- job_enqueue for a batch that shares its task and options (qforge.enqueue_many):
+-- the shared Enqueued data comes once, and a job's payload, when it has one, is
+-- added to it here, so no document per job is built by the caller or parsed
+-- by the database. ids: a uuid[]; payloads: a JSON array beside them (null, or
+-- null and {} in it: no payload; ROWS FROM pads the shorter list with nulls).
+WITH input AS (
+    SELECT j.id,
+           CASE WHEN j.payload IS NULL OR j.payload IN ('null', '{}') THEN %(data)s::jsonb
+                ELSE %(data)s::jsonb || jsonb_build_object('payload', j.payload) END AS data,
+           nullif(%(tags)s::jsonb, '{}') AS tags, NULL::uuid AS workflow_id,
+           coalesce(%(now)s::timestamptz, now()) AS at
+      FROM ROWS FROM (unnest(%(ids)s::uuid[]), jsonb_array_elements(%(payloads)s::jsonb)) AS j(id, payload)
+)
+-- include: job_enqueue_append
 
 -- name: job_ids_by_idempotency_key
 SELECT stream_id, key FROM idempotency_keys WHERE stream_type = 'job' AND key = ANY(%(keys)s::text[])

@@ -89,3 +89,12 @@ SELECT q.queue, h.task
                               ORDER BY j.priority DESC, j.run_at
                               LIMIT 200) head) h
  ORDER BY q.queue, h.task
+
+-- name: worker_wait
+-- A worker whose claim came up short waits for work on its own channel (34_wake.sql):
+-- the next statement that makes jobs of these queues due takes this row and wakes it alone.
+INSERT INTO job_waiters (channel, queues, slots) VALUES (%(channel)s, %(queues)s, %(slots)s)
+
+-- name: worker_wait_end
+-- The worker stops, or its listening connection (whose pid names the channel) is gone.
+DELETE FROM job_waiters WHERE channel = %(channel)s

@@ -65,10 +65,12 @@ class Exchanges:
                      " or already reported", rejected)
         if claim_limit and len(jobs) >= claim_limit:
             self.claim_wanted = True  # a full batch: more are probably waiting
-        if jobs:
-            log.debug("claimed %d jobs", len(jobs))
+        if claim_limit:
+            log.debug("claimed %d jobs of %d", len(jobs), claim_limit)
         for job in jobs:
             self._start(job)
+        if claim_limit and len(jobs) < claim_limit:
+            await self._wait_for_work()  # after the jobs started: the row costs them nothing
 
     def _exchange_sync(self, conn: psycopg.Connection, completions: list[Report], failures: list[Report],
                        claim_limit: int) -> tuple[Outcome, Outcome, list[Report], list[ClaimedJob]]:

@@ -3,6 +3,10 @@
 `Wakeups` is mixed into `qforge.workers.worker.Worker` and works on its state
 (`wake`, `signalled`, `claim_wanted`, `timers`, `stopping`, ...): whatever should
 make the loop look again sets `wake`; the loop (`Worker._serve`) sleeps on it.
+
+A worker whose claim came up short waits on a channel of its own as well
+(34_wake.sql): a new job then wakes the one worker that has waited longest,
+not every worker, so no other claims it in vain.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 import signal
 import time
 
+import psycopg
 from psycopg import sql
 
 from qforge.db import direct_url, say_polling
@@ -73,6 +78,41 @@ class Wakeups:
             self.timers = heapq.nsmallest(MAX_TIMERS // 2, self.timers)
         self.wake.set()
 
+    async def _wait_for_work(self) -> None:
+        """After a short claim: be the worker the next job wakes. A job made due before the row
+        is in woke every worker (jobs_wake finds no row to take)."""
+        channel = self.wake_channel
+        if channel is None or self.waiting or self.stopping or not self.free_slots:
+            return
+        self.waiting = True
+        try:
+            await self._db(_execute, q("worker_wait"), {"channel": channel, "queues": self.queues,
+                                                        "slots": len(self.free_slots)})
+        except BaseException:
+            self.waiting = False
+            raise
+
+    async def _stop_waiting(self) -> None:
+        for channel in {self.wake_channel, self.lost_channel} - {None}:
+            await self._db(_execute, q("worker_wait_end"), {"channel": channel})
+
+    def _woken(self, queue: str) -> None:
+        """Our own channel named us (the row was taken): claim, or, without a free slot, pass the
+        wake-up on to every worker."""
+        self.waiting = False
+        if self.free_slots and not self.stopping:
+            self._want_claim()
+            return
+        passing = asyncio.get_running_loop().create_task(self._pass_on(queue))
+        self.passing.add(passing)  # the loop keeps only a weak reference
+        passing.add_done_callback(self.passing.discard)
+
+    async def _pass_on(self, queue: str) -> None:
+        try:
+            await self._db(_execute, q("queue_wake"), {"queue": queue})
+        except Exception as exc:  # the poll finds the job, only later
+            log.debug("could not pass a wake-up on (%s)", describe(exc))
+
     async def _listen(self) -> None:
         """Wake the loop when jobs become pending in our queues (LISTEN on a connection of its own)."""
         url = direct_url(self.url, self.settings)  # behind a transaction pooler: QFORGE_LISTEN_DATABASE_URL
@@ -84,13 +124,22 @@ class Wakeups:
             try:
                 conn = await connect_async(url, f"qforge-worker {self.name} listen")
                 try:
+                    channel = f"qforge_wake_{conn.info.backend_pid}"
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(JOBS_CHANNEL)))
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    if self.lost_channel is not None:  # a row of the connection before is nobody's
+                        await conn.execute(q("worker_wait_end"), {"channel": self.lost_channel})
+                        self.lost_channel = None
+                    self.wake_channel, self.waiting = channel, False
                     backoff.reset()
                     self._want_claim()  # whatever was notified while nobody listened
                     due = await (await conn.execute(q("job_next_due"), {"queues": self.queues})).fetchone()
                     if due and due[0] is not None:
                         self._due_at(due[0])
                     async for note in conn.notifies():
+                        if note.channel == channel:  # chosen alone: "queue", due now
+                            self._woken(note.payload)
+                            continue
                         # "queue" (due now) or "queue epoch" (the earliest due then)
                         queue, _, epoch = note.payload.partition(" ")
                         if queue in self.queue_set:
@@ -99,6 +148,8 @@ class Wakeups:
                             else:
                                 self._want_claim()
                 finally:
+                    if self.wake_channel is not None:
+                        self.lost_channel, self.wake_channel = self.wake_channel, None
                     await conn.close()
             except TRANSIENT_ERRORS as exc:
                 log.debug("listener connection lost (%s); polling until it is back", describe(exc))
@@ -107,3 +158,7 @@ class Wakeups:
                 log.warning("listener failed (%s); polling until it is back", describe(exc))
                 await asyncio.sleep(backoff.next_delay())
 
+
+
+def _execute(conn: psycopg.Connection, query: str, params: dict) -> None:
+    conn.execute(query, params)

@@ -115,6 +115,12 @@ class Worker(Wakeups, Exchanges):
         self.stats = Stats()
         self.failure_log = reporting.FailureLog()
         self.wake: asyncio.Event | None = None  # set by anything the loop should react to
+        # This worker's own wake channel (34_wake.sql), named by its listening connection's pid while
+        # that connection LISTENs; `waiting`: a job_waiters row of it is there, not yet taken.
+        self.wake_channel: str | None = None
+        self.lost_channel: str | None = None  # that of a listening connection lost since
+        self.waiting = False
+        self.passing: set[asyncio.Task] = set()  # wake-ups passed on (wakeups.py), held until sent
         self.signalled: asyncio.Event | None = None  # set by SIGTERM/SIGINT
 
     # --- the loop -------------------------------------------------------------
@@ -318,6 +324,7 @@ class Worker(Wakeups, Exchanges):
                              else "")
                     releases = []
                 await self._db(workers.stop, self.name)
+                await self._stop_waiting()
                 break
             except TRANSIENT_ERRORS as exc:
                 if time.monotonic() >= give_up:

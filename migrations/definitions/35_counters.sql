@@ -8,12 +8,10 @@ CREATE OR REPLACE FUNCTION jobs_counted_insert() RETURNS trigger LANGUAGE plpgsq
 BEGIN
     INSERT INTO queue_count_deltas (queue, status, n)
     SELECT queue, status, count(*) FROM new_jobs GROUP BY queue, status;
-    -- Wake idle workers of the queues that just got claimable work: "queue" when some of
-    -- it is due now, "queue epoch" (seconds) when the earliest is due later, so that
-    -- workers set a timer on it instead of finding it at their next poll.
-    PERFORM pg_notify('qforge_jobs', CASE WHEN min(run_at) <= now() THEN queue
-                                          ELSE queue || ' ' || extract(epoch FROM min(run_at)) END)
-       FROM new_jobs WHERE status = 'pending' GROUP BY queue;
+    -- Wake idle workers of the queues that just got claimable work (34_wake.sql): one
+    -- per queue when some of it is due now; all, with when, if the earliest is due later,
+    -- so that they set a timer on it instead of finding it at their next poll.
+    PERFORM jobs_wake(queue, min(run_at), count(*)) FROM new_jobs WHERE status = 'pending' GROUP BY queue;
     RETURN NULL;
 END $$;
 
@@ -32,9 +30,7 @@ BEGIN
         INSERT INTO queue_count_deltas (queue, status, n) SELECT queue, status, n FROM changed
     )
     -- as jobs_counted_insert: a retry due later names when (the earliest of the statement's)
-    SELECT count(pg_notify('qforge_jobs', CASE WHEN due <= now() THEN queue
-                                               ELSE queue || ' ' || extract(epoch FROM due) END)) INTO woken
-      FROM changed WHERE status = 'pending' AND n > 0;
+    SELECT count(jobs_wake(queue, due, n)) INTO woken FROM changed WHERE status = 'pending' AND n > 0;
     RETURN NULL;
 END $$;
 

@@ -86,6 +86,9 @@ INSERT INTO role_table_privileges (kind, object, privileges) VALUES
     -- per-key limits (KeyConfigured, 65_flow) and what the claim keeps of them
     ('api', 'key_settings', 'INSERT, UPDATE'), ('api', 'key_buckets', 'INSERT, UPDATE, DELETE'),
     ('worker', 'key_buckets', 'UPDATE'), ('worker', 'fairness_turns', 'INSERT, UPDATE'),
+    -- who waits for work (34_wake.sql): workers add themselves, whoever makes work takes them
+    ('api', 'job_waiters', 'UPDATE, DELETE'), ('worker', 'job_waiters', 'INSERT, UPDATE, DELETE'),
+    ('monitor', 'job_waiters', 'UPDATE, DELETE'),
     -- the workers' own registry (heartbeats, /workers)
     ('worker', 'workers', 'INSERT, UPDATE, DELETE'), ('monitor', 'workers', 'UPDATE, DELETE'),
     -- the monitor's leader: audit checkpoints, packing and archiving the log

@@ -134,6 +134,18 @@ def test_workflow_form_shows_every_problem_and_submits(dashboard: Dashboard, api
     assert_clean_but_the_refusals(dashboard)
 
 
+def test_job_and_workflow_pages_name_what_is_not_there(dashboard: Dashboard):
+    """A job or workflow the API does not know (404): its page says so, under the way back."""
+    missing = uuid.uuid4()
+    for what in ("job", "workflow"):
+        page = dashboard.open(f"/{what}s/{missing}")
+        view = page.locator(f"section.view.{what}")
+        expect(view.locator(".empty")).to_have_text(f"No {what} {missing}.")
+        expect(view.locator("nav.crumbs")).to_contain_text(f"/ {what}")
+    dashboard.console_errors[:] = [e for e in dashboard.console_errors if "status of 404" not in e]
+    dashboard.assert_clean()
+
+
 def test_queues_and_job_pages_say_when_no_live_worker_takes_due_jobs(dashboard: Dashboard, api: httpx.Client):
     """Issue 29: a job on a queue no worker serves waited for ever without a word."""
     queue = f"nobody_{uuid.uuid4().hex[:6]}"

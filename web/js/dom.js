@@ -232,6 +232,30 @@ export function debounce(fn, wait) {
   return debounced;
 }
 
+/** Runs `load` one at a time: a call while it runs asks for one more run after it (one,
+ * however many calls came), unless `gone()` says the view was left meanwhile. */
+export function oneAtATime(load, gone) {
+  let running = false;
+  let again = false;
+  async function run() {
+    if (running) {
+      again = true;
+      return;
+    }
+    running = true;
+    try {
+      await load();
+    } finally {
+      running = false;
+      if (again && !gone()) {
+        again = false;
+        run();
+      }
+    }
+  }
+  return run;
+}
+
 /**
  * Make `parent`'s children match `items` in order, rebuilding only the items
  * whose signature changed, so a live refresh does not replace the button

@@ -3,7 +3,7 @@
 import { api, ApiError } from "./api.js";
 import {
   CANCELLABLE, RETRYABLE, clear, clock, codeBlock, dateTime, debounce, emptyState,
-  eventBadge, facts, h, pill, statusClass, tagChips, toast, workflowLink, EVENT_STATUS, S,
+  eventBadge, facts, h, oneAtATime, pill, statusClass, tagChips, toast, workflowLink, EVENT_STATUS, S,
 } from "./dom.js";
 import { auditStatus } from "./audit.js";
 import { crumbs } from "./crumbs.js";
@@ -97,13 +97,26 @@ function outcome(job) {
   return blocks;
 }
 
-export function mountJob(container, jobId) {
-  const root = h("section", { class: "view job", "data-job": jobId });
+/** The section of a job's or workflow's page in `container`, saying it loads. */
+export function detailView(container, what, id) {
+  const root = h("section", { class: `view ${what}`, [`data-${what}`]: id });
   clear(container).append(root);
-  root.append(h("p", { class: "muted" }, "Loading job…"));
+  root.append(h("p", { class: "muted" }, `Loading ${what}…`));
+  return root;
+}
+
+/** What a detail view shows when its job or workflow could not be read: not found, or why not. */
+export function notLoaded(what, id, error) {
+  return [
+    crumbs(what, { fallback: `${what}s` }),
+    emptyState(error instanceof ApiError && error.status === 404
+      ? `No ${what} ${id}.` : `Could not load the ${what}: ${error.message}`),
+  ];
+}
+
+export function mountJob(container, jobId) {
+  const root = detailView(container, "job", jobId);
   let disposed = false;
-  let loading = false;
-  let loadAgain = false;
   const audit = auditStatus("job", jobId);
 
   async function act(action) {
@@ -160,12 +173,7 @@ export function mountJob(container, jobId) {
   }
 
   // One load at a time; a change seen during a load triggers one more after it.
-  async function load() {
-    if (loading) {
-      loadAgain = true;
-      return;
-    }
-    loading = true;
+  const load = oneAtATime(async () => {
     try {
       const [job, history] = await Promise.all([
         api(`/jobs/${encodeURIComponent(jobId)}`),
@@ -173,19 +181,9 @@ export function mountJob(container, jobId) {
       ]);
       if (!disposed) keepOpenDetails(root, () => render(job, (history && history.events) || []));
     } catch (error) {
-      if (disposed) return;
-      clear(root).append(
-        crumbs("job", { fallback: "jobs" }),
-        emptyState(error instanceof ApiError && error.status === 404
-          ? `No job ${jobId}.` : `Could not load the job: ${error.message}`));
-    } finally {
-      loading = false;
-      if (loadAgain && !disposed) {
-        loadAgain = false;
-        load();
-      }
+      if (!disposed) clear(root).append(...notLoaded("job", jobId, error));
     }
-  }
+  }, () => disposed);
 
   const refresh = debounce(load, 120);
   const unsubscribe = subscribe((event) => {

@@ -2,13 +2,13 @@
 
 import { api, ApiError } from "./api.js";
 import {
-  between, clear, codeBlock, dateTime, debounce, emptyState, facts, h, jobLink, pill,
+  between, clear, codeBlock, dateTime, debounce, emptyState, facts, h, jobLink, oneAtATime, pill,
   RESUMABLE, STATUSES, statusClass, tagChips, toast, workflowLink, S,
 } from "./dom.js";
 import { auditStatus } from "./audit.js";
 import { crumbs } from "./crumbs.js";
 import { chooseLayout, isTriggerable, renderDag } from "./dag.js";
-import { heartbeatToggle, historyList, keepOpenDetails, visibleHistory } from "./job.js";
+import { detailView, heartbeatToggle, historyList, keepOpenDetails, notLoaded, visibleHistory } from "./job.js";
 import { subscribe } from "./live.js";
 import { describeCondition } from "./summary.js";
 
@@ -60,12 +60,8 @@ function legend() {
 }
 
 export function mountWorkflow(container, workflowId) {
-  const root = h("section", { class: "view workflow", "data-workflow": workflowId });
-  clear(container).append(root);
-  root.append(h("p", { class: "muted" }, "Loading workflow…"));
+  const root = detailView(container, "workflow", workflowId);
   let disposed = false;
-  let loading = false;
-  let loadAgain = false;
   const audit = auditStatus("workflow", workflowId);
   let selected = null;
   let dag = null;
@@ -266,12 +262,8 @@ export function mountWorkflow(container, workflowId) {
       { stepOf: (event) => stepByJob.get(event.stream_id), label: "Workflow history" })));
   }
 
-  async function load() {
-    if (loading) {
-      loadAgain = true;
-      return;
-    }
-    loading = true;
+  // One load at a time; a change seen during a load triggers one more after it.
+  const load = oneAtATime(async () => {
     try {
       const [body, events] = await Promise.all([
         api(`/workflows/${encodeURIComponent(workflowId)}`),
@@ -287,18 +279,9 @@ export function mountWorkflow(container, workflowId) {
       if (disposed) return;
       header = null;
       dag = null;
-      clear(root).append(
-        crumbs("workflow", { fallback: "workflows" }),
-        emptyState(error instanceof ApiError && error.status === 404
-          ? `No workflow ${workflowId}.` : `Could not load the workflow: ${error.message}`));
-    } finally {
-      loading = false;
-      if (loadAgain && !disposed) {
-        loadAgain = false;
-        load();
-      }
+      clear(root).append(...notLoaded("workflow", workflowId, error));
     }
-  }
+  }, () => disposed);
 
   const refresh = debounce(load, 100);
   const unsubscribe = subscribe((event) => {

@@ -12,7 +12,6 @@ from qforge.api.auth import Actor, Caller, needs
 from qforge.api.common import (ERRORS, PROOF_DOC, as_of_view, bad_query, cursor_query, limit_query, missing,
                                proof_answer, proof_cursor, tag_query, tags_of)
 from qforge.api.deps import Conn, ReadConn
-from qforge.api.errors import ApiError
 from qforge.api.models import EventHistory, TriggerRequest, WorkflowCreated, WorkflowList, WorkflowView
 from qforge.workflows import resume
 from qforge.workflows import engine as commands
@@ -63,6 +62,8 @@ def create_workflow(body: WorkflowBody, conn: Conn, response: Response, actor: A
     return {key: view[key] for key in ("id", "name", "status", "steps", "code")}
 
 
+# Shaped like GET /jobs and GET /jobs/{id} (routes/jobs.py): one route per resource, which is how
+# the contract reads; what they do alike (bad_query, tags_of, as_of_view) is shared already.
 @router.get("/workflows", response_model=WorkflowList, responses=ERRORS)
 def list_workflows(conn: ReadConn, status: Annotated[WorkflowStatus | None, Query()] = None,
                    tag: tag_query = None, limit: limit_query = 50,

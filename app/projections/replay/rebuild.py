@@ -60,74 +60,102 @@ def rebuild(conn, schema: str = SCRATCH_SCHEMA, as_of_position: int | None = Non
     conn.autocommit = True  # several transactions: the scratch tables are committed before the folding
     conn.execute(q("replay_lock_scratch_session"), {"key": REPLAY_LOCK_KEY})
     try:
-        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-            refuse_live_schema(cur, schema)
-            live = live_schema(cur)
-            cur.execute(template("replay_scratch_reset", schema=sql.Identifier(schema)))
-            feed = load_archive(cur, archive, schema, live)
-            create_scratch_tables(cur, schema, live, feeds=folders)
-            cur.execute(template("replay_scratch_meta", meta=names[META_TABLE]))
-        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(q("replay_repeatable_read"))
-            cur.execute(q("log_read_lock"))
-            cur.execute(q("replay_work_mem"))
-            cur.execute(q("replay_export_snapshot"))
-            exported = cur.fetchone()["id"]
-            cur.execute(q("replay_snapshot"))
-            snapshot = cur.fetchone()["snapshot"]
-            cur.execute(q("replay_log_extent"), {"as_of": as_of_position}, prepare=False)
-            extent = cur.fetchone()
-            first, total = extent["first_position"], extent["events"]
-            if feed is not None:
-                total += feed.events
-                first = max(first, feed.before)  # a partition archived but not dropped yet: once
-            done = [0] * folders
-            report = _Progress(progress, done, total)
-
-            def fold(cursor, n: int) -> None:
-                share = (n, folders) if folders > 1 else None
-                folded = 0
-                if feed is not None:
-                    folded = fold_into(cursor, schema, live, first=1, last=feed.before - 1, as_of=as_of_position,
-                                       share=share, chunk_positions=chunk_positions, feed_table=feed_name(n),
-                                       source=feed.table, progress=lambda count, _total: report(n, count))
-                fold_into(cursor, schema, live, first=first, last=extent["last_position"],
-                          as_of=as_of_position, share=share, done=folded,
-                          chunk_positions=chunk_positions, feed_table=feed_name(n),
-                          progress=lambda count, _total: report(n, count))
-
-            helpers = [_Folder(url, exported, n, fold) for n in range(1, folders)]
-            for helper in helpers:
-                helper.start()
-            try:
-                fold(cur, 0)
-            finally:
-                for helper in helpers:
-                    helper.join()
-            for helper in helpers:
-                if helper.error is not None:
-                    raise helper.error
-            if feed is not None and as_of_position is None:
-                release(cur, feed.before)  # the state as of a past position keeps what was there then
-            cur.execute(template("replay_scratch_meta_write", meta=names[META_TABLE]), {
-                "snapshot": snapshot, "as_of": as_of_position,
-                "last_position": extent["last_position"], "events": extent["events"],
-            })
+        live, feed = _make_scratch(conn, schema, names, archive, folders)
+        extent, total = _fold_snapshot(conn, schema, names, live, feed, as_of_position, progress=progress,
+                                       chunk_positions=chunk_positions, url=url, folders=folders)
         stats = RebuildStats(schema, as_of_position, extent["last_position"], total, folders=folders)
-        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-            for projection in PROJECTIONS:
-                target = names[projection.table]
-                keys, _ = columns_of(cur, sql.Identifier(live, projection.table).as_string(cur))
-                cur.execute(template("replay_scratch_analyze", target=target,
-                                     keys=sql.SQL(", ").join(map(sql.Identifier, keys))))
-                cur.execute(template("replay_row_count", target=target))
-                stats.rows[projection.table] = cur.fetchone()["n"]
+        _count_rows(conn, live, names, stats)
     finally:
         if not conn.closed:
             conn.execute(q("replay_unlock_scratch_session"), {"key": REPLAY_LOCK_KEY})
             conn.autocommit = was_autocommit
     stats.seconds = time.monotonic() - started
     return stats
+
+
+def _make_scratch(conn, schema: str, names: dict, archive: Path | None, folders: int):
+    """Fresh scratch tables (and the archive's events, loaded to fold first), committed: (the live
+    schema, the archive's feed or None)."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        refuse_live_schema(cur, schema)
+        live = live_schema(cur)
+        cur.execute(template("replay_scratch_reset", schema=sql.Identifier(schema)))
+        feed = load_archive(cur, archive, schema, live)
+        create_scratch_tables(cur, schema, live, feeds=folders)
+        cur.execute(template("replay_scratch_meta", meta=names[META_TABLE]))
+    return live, feed
+
+
+def _fold_snapshot(conn, schema: str, names: dict, live: str, feed, as_of_position: int | None, *,
+                   progress: Progress | None, chunk_positions: int, url: str | None,
+                   folders: int) -> tuple[dict, int]:
+    """Fold one exported snapshot of the log with `folders` connections at once: (the log's
+    extent folded, the events folded with the archive's)."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q("replay_repeatable_read"))
+        cur.execute(q("log_read_lock"))
+        cur.execute(q("replay_work_mem"))
+        cur.execute(q("replay_export_snapshot"))
+        exported = cur.fetchone()["id"]
+        cur.execute(q("replay_snapshot"))
+        snapshot = cur.fetchone()["snapshot"]
+        cur.execute(q("replay_log_extent"), {"as_of": as_of_position}, prepare=False)
+        extent = cur.fetchone()
+        first, total = extent["first_position"], extent["events"]
+        if feed is not None:
+            total += feed.events
+            first = max(first, feed.before)  # a partition archived but not dropped yet: once
+        done = [0] * folders
+        report = _Progress(progress, done, total)
+
+        def fold(cursor, n: int) -> None:
+            share = (n, folders) if folders > 1 else None
+            folded = 0
+            if feed is not None:
+                folded = fold_into(cursor, schema, live, first=1, last=feed.before - 1, as_of=as_of_position,
+                                   share=share, chunk_positions=chunk_positions, feed_table=feed_name(n),
+                                   source=feed.table, progress=lambda count, _total: report(n, count))
+            fold_into(cursor, schema, live, first=first, last=extent["last_position"],
+                      as_of=as_of_position, share=share, done=folded,
+                      chunk_positions=chunk_positions, feed_table=feed_name(n),
+                      progress=lambda count, _total: report(n, count))
+
+        _fold_together(cur, url, exported, folders, fold)
+        if feed is not None and as_of_position is None:
+            release(cur, feed.before)  # the state as of a past position keeps what was there then
+        cur.execute(template("replay_scratch_meta_write", meta=names[META_TABLE]), {
+            "snapshot": snapshot, "as_of": as_of_position,
+            "last_position": extent["last_position"], "events": extent["events"],
+        })
+    return extent, total
+
+
+def _fold_together(cur, url: str | None, exported: str, folders: int, fold) -> None:
+    """`fold` share 0 on `cur`, and shares 1.. on connections of their own (threads), in the
+    exported snapshot; the first error of a helper is raised once all have ended."""
+    helpers = [_Folder(url, exported, n, fold) for n in range(1, folders)]
+    for helper in helpers:
+        helper.start()
+    try:
+        fold(cur, 0)
+    finally:
+        for helper in helpers:
+            helper.join()
+    for helper in helpers:
+        if helper.error is not None:
+            raise helper.error
+
+
+def _count_rows(conn, live: str, names: dict, stats: RebuildStats) -> None:
+    """Analyze each rebuilt table and count its rows into `stats`."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        for projection in PROJECTIONS:
+            target = names[projection.table]
+            keys, _ = columns_of(cur, sql.Identifier(live, projection.table).as_string(cur))
+            cur.execute(template("replay_scratch_analyze", target=target,
+                                 keys=sql.SQL(", ").join(map(sql.Identifier, keys))))
+            cur.execute(template("replay_row_count", target=target))
+            stats.rows[projection.table] = cur.fetchone()["n"]
 
 
 class _Progress:

@@ -1,0 +1,22 @@
+"""The shape of the API's ASGI middleware: each one acts on HTTP requests and lets anything else pass."""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+
+class HttpMiddleware:
+    """ASGI middleware for HTTP requests: `handle` sees each one; any other scope (the lifespan)
+    goes to the app untouched."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await self.handle(scope, receive, send)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
