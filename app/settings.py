@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from datetime import timedelta
 from typing import Literal
@@ -209,6 +210,22 @@ class Settings(BaseSettings):
         return [entry for entry in self.http_allow.split(",") if entry]
 
 
+_read: tuple[tuple, Settings] | None = None
+
+
 def get_settings() -> Settings:
-    """Read the settings afresh (cheap), so tests can change the environment between calls."""
-    return Settings()
+    """The settings as the environment and .env say now (tests change them between calls); read
+    again only when a QFORGE_ variable or the .env file changed: building them takes about a
+    millisecond, and the hot paths (each completion of a workflow's step) ask every time."""
+    global _read
+    try:
+        env_file = os.stat(".env")
+        file_key: tuple = (os.getcwd(), env_file.st_mtime_ns, env_file.st_size, env_file.st_ino)
+    except OSError:
+        file_key = ()
+    key = (tuple(sorted((name.upper(), value) for name, value in os.environ.items()
+                        if name[:7].upper() == "QFORGE_")), file_key)
+    read = _read
+    if read is None or read[0] != key:
+        read = _read = (key, Settings())
+    return read[1].model_copy()

@@ -1,9 +1,14 @@
 """Code workflows, QForge beside DBOS Transact on the same PostgreSQL: a 10-step sequential workflow and
-one step then a fan-out of 10, N of each: workflows/s, CPU per step (the workers and PostgreSQL),
+one step then a fan-out of 10, N of each: workflows/s, CPU per step (the workers and the PostgreSQL
+backends serving the benchmark's database: see BackendCpu),
 step-to-next-step latency p50/p99 (a step's start minus the end of the step it waited for, both
 taken inside the step functions).
 
     python bench/code_vs_dbos.py [--server-url postgresql://postgres@127.0.0.1:5432/postgres] [--count 1000]
+                                 [--repeat 3]
+
+With --repeat N each shape runs N times, QForge and DBOS in turn (a shared, noisy host: each
+pair runs under the same load), and the medians of each figure close the output, with the ratios.
 
 QForge: two `qforge worker --concurrency 16` processes. DBOS 3.x: one process, queues of 32 with a
 0.1 s polling interval (its default is 1 s), from the venv .venv-dbos (pip install dbos).
@@ -14,8 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,21 +38,48 @@ DBOS_PYTHON = HERE.parent / ".venv-dbos" / "bin" / "python"
 STEPS = {"sequential": 10, "fan_out": 11}
 
 
-def postgres_cpu() -> float:
-    """CPU seconds of the benchmark server (PostgreSQL 15 from the system packages): the postmaster's
-    own and its exited children's (reaped backends), plus its live children's."""
-    total = 0.0
-    for process in psutil.process_iter(["name", "exe", "ppid"]):
-        try:
-            if process.info["name"] != "postgres" or "/postgresql/15/" not in (process.info["exe"] or ""):
+class BackendCpu:
+    """CPU seconds of the PostgreSQL backends serving one database (its name in pg_stat_activity),
+    sampled every `every` seconds while it runs: the server is shared with other benchmarks, so
+    the whole server's CPU would count theirs too. A backend's last fraction of a sample before it
+    exits is not counted (both sides keep their connections for the whole run); the server's own
+    background processes (WAL writer, checkpointer) are not counted for either side."""
+
+    def __init__(self, admin_url: str, database: str, every: float = 0.2) -> None:
+        self.admin_url, self.database, self.every = admin_url, database, every
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "BackendCpu":
+        self._sample()  # backends already there count from now, new ones from zero
+        self.first = dict(self.last)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def seconds(self) -> float:
+        self._sample()
+        return sum(cpu - self.first.get(pid, 0.0) for pid, cpu in self.last.items())
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every):
+            self._sample()
+
+    def _sample(self) -> None:
+        with psycopg.connect(self.admin_url, autocommit=True) as admin:
+            pids = [pid for (pid,) in admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s", (self.database,)).fetchall()]
+        for pid in pids:
+            try:
+                times = psutil.Process(pid).cpu_times()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-            times = process.cpu_times()
-            total += times.user + times.system
-            if psutil.Process(process.info["ppid"]).name() != "postgres":  # the postmaster
-                total += times.children_user + times.children_system
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return total
+            self.last[pid] = times.user + times.system
 
 
 def gaps(shape: str, result: list) -> list[float]:
@@ -61,7 +95,7 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-def qforge_side(url: str, shape: str, count: int) -> dict:
+def qforge_side(url: str, shape: str, count: int, admin_url: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(HERE), "QFORGE_POLL_INTERVAL_SECONDS": "1"}
     workers = [subprocess.Popen([str(QFORGE), "worker", "--database-url", url, "--concurrency", "16",
                                  "--tasks", "bench_code_tasks", "--name", f"bench-{i}"],
@@ -71,7 +105,7 @@ def qforge_side(url: str, shape: str, count: int) -> dict:
         import qforge
         procs = [psutil.Process(w.pid) for w in workers]
         cpu_before = sum(sum(p.cpu_times()[:2]) for p in procs)
-        pg_before = postgres_cpu()
+        backends = BackendCpu(admin_url, "qf_code_bench").__enter__()
         started = time.perf_counter()
         with psycopg.connect(url) as conn:
             ids = [qforge.start(conn, f"bench_{shape}") for _ in range(count)]
@@ -80,7 +114,8 @@ def qforge_side(url: str, shape: str, count: int) -> dict:
                 time.sleep(0.05)
             wall = time.perf_counter() - started
             cpu = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu_before
-            pg = postgres_cpu() - pg_before
+            pg = backends.seconds()
+            backends.__exit__()
             rows = conn.execute("SELECT status, result FROM workflows WHERE id = ANY(%s)", (ids,)).fetchall()
         assert all(status == "succeeded" for status, _ in rows), {status for status, _ in rows}
         return {"wall": wall, "cpu": cpu, "pg_cpu": pg, "results": [result for _, result in rows]}
@@ -91,12 +126,12 @@ def qforge_side(url: str, shape: str, count: int) -> dict:
             worker.wait(timeout=30)
 
 
-def dbos_side(url: str, shape: str, count: int) -> dict:
-    pg_before = postgres_cpu()
-    done = subprocess.run([str(DBOS_PYTHON), str(HERE / "peer_dbos_workflows.py"), url, shape, str(count)],
-                          capture_output=True, text=True, check=True, timeout=3600)
-    measured = json.loads(done.stdout.strip().splitlines()[-1])
-    measured["pg_cpu"] = postgres_cpu() - pg_before  # includes its launch and shutdown
+def dbos_side(url: str, shape: str, count: int, admin_url: str) -> dict:
+    with BackendCpu(admin_url, "dbos_code_bench") as backends:
+        done = subprocess.run([str(DBOS_PYTHON), str(HERE / "peer_dbos_workflows.py"), url, shape, str(count)],
+                              capture_output=True, text=True, check=True, timeout=3600)
+        measured = json.loads(done.stdout.strip().splitlines()[-1])
+        measured["pg_cpu"] = backends.seconds()  # includes its launch and shutdown
     return measured
 
 
@@ -118,16 +153,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--only", choices=["qforge", "dbos"], default=None)
     args = parser.parse_args()
+    rows = []
+    for _ in range(args.repeat):
+        for shape in ("sequential", "fan_out"):
+            if args.only in (None, "qforge"):
+                url = recreate(args.server_url, "qf_code_bench")
+                subprocess.run([str(QFORGE), "migrate", "--database-url", url], check=True, capture_output=True)
+                rows.append(report("qforge", shape, args.count, qforge_side(url, shape, args.count, args.server_url)))
+            if args.only in (None, "dbos"):
+                url = recreate(args.server_url, "dbos_code_bench")
+                rows.append(report("dbos", shape, args.count, dbos_side(url, shape, args.count, args.server_url)))
+    if args.repeat > 1:
+        medians(rows)
+
+
+FIGURES = ("workflows_per_s", "cpu_ms_per_step", "worker_cpu_ms_per_step", "pg_cpu_ms_per_step",
+           "step_to_step_p50_ms", "step_to_step_p99_ms")
+
+
+def medians(rows: list[dict]) -> None:
+    """The median of each figure per system and shape, and QForge's over DBOS's."""
+    table: dict[tuple[str, str], dict] = {}
+    for key in {(row["system"], row["shape"]) for row in rows}:
+        runs = [row for row in rows if (row["system"], row["shape"]) == key]
+        table[key] = {name: statistics.median(row[name] for row in runs) for name in FIGURES}
+    print(f"{'shape':11} {'system':7} " + " ".join(f"{name:>22}" for name in FIGURES))
     for shape in ("sequential", "fan_out"):
-        if args.only in (None, "qforge"):
-            url = recreate(args.server_url, "qf_code_bench")
-            subprocess.run([str(QFORGE), "migrate", "--database-url", url], check=True, capture_output=True)
-            report("qforge", shape, args.count, qforge_side(url, shape, args.count))
-        if args.only in (None, "dbos"):
-            url = recreate(args.server_url, "dbos_code_bench")
-            report("dbos", shape, args.count, dbos_side(url, shape, args.count))
+        for system in ("qforge", "dbos"):
+            if (system, shape) in table:
+                print(f"{shape:11} {system:7} " + " ".join(f"{table[system, shape][name]:22}" for name in FIGURES))
+        if ("qforge", shape) in table and ("dbos", shape) in table:
+            print(f"{shape:11} {'ratio':7} " + " ".join(
+                f"{table['qforge', shape][name] / table['dbos', shape][name]:22.2f}" for name in FIGURES))
 
 
 if __name__ == "__main__":

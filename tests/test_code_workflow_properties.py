@@ -12,12 +12,17 @@ real-process kills are in tests/test_code_workflows.py; this explores many more 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import textwrap
+import time
 from datetime import datetime, timedelta, timezone
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from psycopg.rows import dict_row
+from pathlib import Path
+
+from psycopg.rows import dict_row, tuple_row
 
 import qforge
 from qforge.commands import report
@@ -26,6 +31,8 @@ from qforge.commands.manage import recover_stale
 from qforge.commands.plan import run
 from qforge.workflows import activation, durable, engine
 from qforge.workflows.replay import StepFailed
+from cluster_procs import start_api
+from test_worker_support import kill, procs, tasks_dir, wait_for  # noqa: F401  (procs, tasks_dir: fixtures)
 
 OPS = st.one_of(
     st.tuples(st.just("run"), st.integers(0, 9)),
@@ -41,22 +48,27 @@ OPS = st.one_of(
 
 def interpret(ctx, program):
     """The workflow: the same code runs durably (ctx) and in memory (Plain)."""
+    return run_program(ctx, program)
+
+
+def run_program(ctx, program, prefix="", fail_retries=0):
+    """`prefix`: the tasks' names are prefix + echo, add, fail (the real workers' record their runs)."""
     trace = []
     for index, (kind, value) in enumerate(program):
         if kind == "run":
-            trace.append(ctx.run("echo", {"v": value}))
+            trace.append(ctx.run(prefix + "echo", {"v": value}))
         elif kind == "fail":
             try:
-                ctx.run("fail", {"message": f"no {value}"}, max_retries=0)
+                ctx.run(prefix + "fail", {"message": f"no {value}"}, max_retries=fail_retries)
             except StepFailed as failure:
                 trace.append(["caught", failure.error])
         elif kind == "par":
-            trace.append(ctx.gather(*[ctx.start("add", {"a": value, "b": j}) for j in range(value)]))
+            trace.append(ctx.gather(*[ctx.start(prefix + "add", {"a": value, "b": j}) for j in range(value)]))
         elif kind == "branch":
-            total = ctx.run("add", {"a": value, "b": 1})
-            trace.append(ctx.run("echo", {"odd": total}) if total % 2 else ["even", total])
+            total = ctx.run(prefix + "add", {"a": value, "b": 1})
+            trace.append(ctx.run(prefix + "echo", {"odd": total}) if total % 2 else ["even", total])
         elif kind == "loop":
-            trace.append([ctx.run("add", {"a": j, "b": j}) for j in range(value)])
+            trace.append([ctx.run(prefix + "add", {"a": j, "b": j}) for j in range(value)])
         elif kind == "wait":
             trace.append(ctx.wait(f"w{index}"))
         elif kind == "sleep":
@@ -77,11 +89,11 @@ class Plain:
         self.waits = 0
 
     def run(self, task, payload=None, **options):
-        return TASKS[task](payload or {})
+        return TASKS[task.removeprefix(REAL_PREFIX)](payload or {})
 
     def start(self, task, payload=None, **options):
         try:
-            return ("ok", TASKS[task](payload or {}))
+            return ("ok", TASKS[task.removeprefix(REAL_PREFIX)](payload or {}))
         except StepFailed as failure:
             return ("failed", failure)
 
@@ -163,3 +175,128 @@ def test_random_programs_with_crashes_end_as_the_plain_run(conn, program, seed):
         cur.execute("SELECT count(*) FROM events WHERE workflow_id = %s AND type = 'Succeeded'"
                     " GROUP BY stream_id HAVING count(*) > 1", (row["id"],))
         assert cur.fetchall() == []
+
+
+# --- the same with real processes: workers killed with SIGKILL at random moments -------------
+
+REAL_PREFIX = "prop_"
+REAL_TASKS = textwrap.dedent('''
+    """The property's program run by real workers: its steps record each run ("job attempt")."""
+    import os
+    import random
+    import sys
+    import time
+
+    import qforge
+    from qforge.workers.tasks import TaskError
+
+    sys.path.insert(0, os.environ["QF_TESTS_DIR"])
+    from test_code_workflow_properties import run_program  # noqa: E402
+
+
+    def _ran(ctx):
+        with open(os.environ["QF_RUNS_FILE"], "a") as out:
+            out.write(f"{ctx.job_id} {ctx.attempt}\\n")
+        time.sleep(random.uniform(0.05, 0.3))  # long enough to be killed inside now and then
+
+
+    @qforge.task("prop_echo")
+    def echo(payload, ctx):
+        _ran(ctx)
+        return payload
+
+
+    @qforge.task("prop_add")
+    def add(payload, ctx):
+        _ran(ctx)
+        return payload["a"] + payload["b"]
+
+
+    @qforge.task("prop_fail")
+    def fail(payload, ctx):
+        _ran(ctx)
+        raise TaskError(payload["message"])
+
+
+    @qforge.workflow("prop_real")
+    def prop_real(ctx, program):
+        # a killed attempt of a failing step is retried: its last attempt fails as the plain run does
+        return run_program(ctx, program, prefix="prop_", fail_retries=3)
+''')
+REAL_PROGRAMS, REAL_KILLS = 8, 4
+
+
+def test_random_programs_with_workers_killed_9_end_as_the_plain_run(conn, procs, tasks_dir, tmp_path):
+    """Random programs run by `qforge worker` processes that are SIGKILLed at random moments (inside
+    steps, inside the function, inside the report's transaction, between steps), then served to the
+    end by one more: each ends as its plain in-memory run, and no step ran again once its result
+    was in the log."""
+    (tasks_dir / "qf_prop_tasks.py").write_text(REAL_TASKS)
+    env = {"QF_RUNS_FILE": str(tmp_path / "runs.txt"), "QF_TESTS_DIR": str(Path(__file__).parent)}
+    _, base = start_api(procs, env)
+    procs.monitor(env)  # recovers the killed workers' jobs, fires the sleeps' timers
+    chance = random.Random(int(os.environ.get("QF_PROP_SEED", "32")))
+    programs = [[chance.choice(REAL_OPS)(chance) for _ in range(chance.randint(2, 7))] for _ in range(REAL_PROGRAMS)]
+    with qforge.Client(base) as client:
+        ids = [client.start("prop_real", program).id for program in programs]
+        for _ in range(REAL_KILLS):
+            worker = procs.worker("--tasks", "qf_prop_tasks", "--concurrency", "2", env=env)
+            wait_for(lambda: "started" in worker.log(), timeout=30, message="the worker to start")
+            _trigger_waits(conn, client, ids, until=time.monotonic() + chance.uniform(0.05, 1.2))
+            kill(worker)
+        procs.worker("--tasks", "qf_prop_tasks", "--concurrency", "2", env=env)
+        deadline = time.monotonic() + 90
+        while _running(conn, ids) and time.monotonic() < deadline:
+            _trigger_waits(conn, client, ids, until=time.monotonic() + 0.5)
+    for workflow_id, program in zip(ids, programs):
+        [row] = _rows(conn, "SELECT status, result, error FROM workflows WHERE id = %s", workflow_id)
+        assert row[0] == "succeeded", (program, row)
+        assert row[1] == run_program(Plain(), program, prefix=REAL_PREFIX, fail_retries=3), program
+    ran: dict[str, list[int]] = {}
+    for line in (tmp_path / "runs.txt").read_text().splitlines():
+        job_id, attempt = line.split()
+        ran.setdefault(job_id, []).append(int(attempt))
+    succeeded = dict(_rows(
+        conn, "SELECT stream_id::text, (data ->> 'attempt')::int FROM events WHERE workflow_id = ANY(%s) AND type ="
+        " 'Succeeded' AND stream_id IN (SELECT id FROM jobs WHERE step_type = 'task')", ids))
+    assert succeeded and set(succeeded) <= set(ran)
+    # a step runs again only when no result of it was recorded: never after its Succeeded
+    assert all(max(ran[job_id]) == attempt for job_id, attempt in succeeded.items()), (succeeded, ran)
+    assert _rows(conn, "SELECT count(*) FROM events WHERE workflow_id = ANY(%s) AND type = 'Succeeded'"
+                       " GROUP BY stream_id HAVING count(*) > 1", ids) == []
+    # the kills did land on work in progress: the monitor recovered attempts of killed workers
+    assert _rows(conn, "SELECT count(*) FROM events WHERE workflow_id = ANY(%s) AND type = 'Failed'"
+                       " AND data ->> 'reason' = 'heartbeat_timeout'", ids)[0][0] > 0
+
+
+REAL_OPS = [
+    lambda r: ("run", r.randint(0, 9)),
+    lambda r: ("fail", r.randint(0, 9)),
+    lambda r: ("par", r.randint(1, 4)),
+    lambda r: ("branch", r.randint(0, 9)),
+    lambda r: ("loop", r.randint(0, 3)),
+    lambda r: ("wait", r.randint(0, 9)),
+    lambda r: ("sleep", 0),
+    lambda r: ("now", 0),
+]
+
+
+def _running(conn, ids) -> bool:
+    return _rows(conn, "SELECT count(*) FROM workflows WHERE id = ANY(%s) AND status = 'running'", ids)[0][0] > 0
+
+
+def _rows(conn, query: str, *args) -> list[tuple]:
+    return conn.cursor(row_factory=tuple_row).execute(query, args).fetchall()
+
+
+def _trigger_waits(conn, client: qforge.Client, ids, *, until: float) -> None:
+    """Until `until`, answer every trigger wait of these workflows as the plain run does."""
+    while time.monotonic() < until:
+        for workflow_id, step in _rows(
+                conn, "SELECT workflow_id, step FROM jobs WHERE workflow_id = ANY(%s) AND step_type = 'wait_for_trigger'"
+                " AND status = 'waiting'", ids):
+            try:
+                client.trigger(workflow_id, step, {"trigger": step})
+            except qforge.ApiError:
+                pass  # answered meanwhile
+        time.sleep(0.1)

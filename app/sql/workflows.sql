@@ -90,7 +90,10 @@ SELECT * FROM jobs
 
 -- name: workflow_tree_job_count
 -- How many jobs a workflow's whole tree has (its root's steps and fan-out elements, and those of
--- every sub-workflow below the root, by workflows_parent): QFORGE_MAX_WORKFLOW_JOBS.
+-- every sub-workflow below the root, by workflows_parent): QFORGE_MAX_WORKFLOW_JOBS. Asked on
+-- every step a code workflow schedules. The arrays keep both lookups on their indexes whatever
+-- the statistics say (a join here was planned as a scan of all jobs: a cost that grew with the
+-- table, per step).
 WITH RECURSIVE up AS (
     SELECT id, parent_workflow_id, 0 AS depth FROM workflows WHERE id = %(id)s
     UNION ALL
@@ -99,6 +102,6 @@ WITH RECURSIVE up AS (
 ), down AS (
     SELECT id FROM up WHERE parent_workflow_id IS NULL
     UNION ALL
-    SELECT w.id FROM workflows w JOIN down ON w.parent_workflow_id = down.id
+    SELECT unnest(ARRAY(SELECT w.id FROM workflows w WHERE w.parent_workflow_id = down.id)) FROM down
 )
-SELECT count(*) AS count FROM jobs WHERE workflow_id IN (SELECT id FROM down)
+SELECT count(*) AS count FROM jobs WHERE workflow_id = ANY(ARRAY(SELECT id FROM down))

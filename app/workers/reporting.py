@@ -13,6 +13,7 @@ from qforge.commands.claim import ClaimedJob, frozen_record
 from qforge.commands.report import Outcome, Report
 from qforge.workers.connection import TRANSIENT_ERRORS, describe
 from qforge.workers.tasks import RESULT_CHECK, TaskError
+from qforge.workflows.durable import inline_activations
 
 log = logging.getLogger("qforge.worker")
 
@@ -48,8 +49,15 @@ def write(conn: psycopg.Connection, completions: list[Report], failures: list[Re
     Returns both outcomes and the failure reports written (those converted
     completions included), so the caller's log can name them. With `join`, the
     batches join the caller's transaction and a refused batch raises (the
-    caller rolls back and writes again without `join`).
+    caller rolls back and writes again without `join`). A code workflow's function that a report
+    wakes runs in the report's transaction when this worker has it (durable.inline_activations).
     """
+    with inline_activations():
+        return _write_both(conn, completions, failures, actor=actor, join=join)
+
+
+def _write_both(conn: psycopg.Connection, completions: list[Report], failures: list[Report], *,
+                actor: str, join: bool) -> tuple[Outcome, Outcome, list[Report]]:
     if join:
         done = report.complete(conn, completions, actor=actor, workflow_ids_known=True, join=True)
         return done, report.fail(conn, failures, actor=actor, workflow_ids_known=True, join=True), failures

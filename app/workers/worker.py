@@ -249,7 +249,11 @@ class Worker(Wakeups, Exchanges):
 
     async def _execute(self, job: ClaimedJob) -> Any:
         if job.task == code_journal.TASK and job.workflow_id is not None:
-            # a code workflow's function (qforge.workflows): replayed against the rows of its workflow
+            # a code workflow's function (qforge.workflows): replayed against the rows of its workflow,
+            # or already running since the report that enqueued this run (durable.adopt)
+            adopted = durable.adopt(job.id)
+            if adopted is not None and (result := await asyncio.wrap_future(adopted)) is not None:
+                return result
             workflow, rows = await self._read_history(job.workflow_id)
             return await activation.activate(workflow, rows, thread_pool=self.task_threads)
         ctx = TaskContext(job_id=job.id, attempt=job.attempt, task=job.task, queue=job.queue,

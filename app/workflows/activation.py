@@ -59,6 +59,23 @@ async def activate(workflow: dict[str, Any], rows: list[dict[str, Any]], *,
     return _result(replay, how, value)
 
 
+def activate_inline(workflow: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The activation's result computed here and now, in the caller's thread (a worker's report
+    transaction: qforge.workflows.durable), or None where it must run as a job instead: the
+    function is not registered in this process, is async, or asked for something not storable."""
+    registered = get_workflow(workflow["code"])
+    if registered is None or registered.is_async:
+        return None
+    replay = Replay(journal.journal(rows), journal.step_records(rows), datetime.now(timezone.utc))
+    ctx = Context(replay, workflow["id"], workflow.get("input"))
+    result = _result(replay, *_settle(replay, lambda: registered.function(ctx, workflow.get("input"))))
+    try:
+        encoded = RESULT_CHECK.encode(result)
+    except (TypeError, ValueError):
+        return None  # its job reports why (as a failed run)
+    return None if "\\u0000" in encoded else result  # jsonb refuses it: the job's report handles that
+
+
 def _result(replay: Replay, how: str, value: Any) -> dict[str, Any]:
     if how == "raised":
         if isinstance(value, Suspended):

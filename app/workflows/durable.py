@@ -13,8 +13,11 @@ worker slot: between activations the function exists only in the log.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
+import threading
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterator
 
@@ -45,6 +48,7 @@ NEVER = datetime(9999, 12, 31, tzinfo=timezone.utc)  # a trigger wait without ti
 # An activation that crashes (its worker killed) runs again: a crash is not the function's fault,
 # so it gets many tries; the function's own errors end the workflow at once (activation.failed).
 ACTIVATION_RETRIES = 20
+RUNNING_FIRST = timedelta(milliseconds=1)  # see advance_code
 
 
 class CodeWorkflowSpec(Storable):
@@ -139,10 +143,12 @@ def step_event(op: dict[str, Any], clock: datetime, due: datetime | None = None,
 
 
 def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]], clock: datetime, *,
-                 now: datetime | None, actor: str, start_definition: Callable[..., uuid.UUID]) -> bool:
+                 now: datetime | None, actor: str, start_definition: Callable[..., uuid.UUID],
+                 inline: bool = True) -> bool:
     """Act on what the newest activation decided (the caller holds the workflow's lock); True when
     the workflow ended. `start_definition`: the engine's (a child may run a stored definition; the
-    engine calls this module, so it hands its own starter in)."""
+    engine calls this module, so it hands its own starter in). `inline`: the next run may run here
+    (see inline_activations)."""
     runs = journal.activations(rows)
     last = runs[-1]
     steps = {row["step"]: row for row in rows if not journal.is_activation(row)}
@@ -158,10 +164,13 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
         _end(conn, workflow, rows, decided["outcome"], now=now, actor=actor)
         return True
     new = [op for op in decided.get("ops", []) if op.get("op") in STEP_OPS and op["step"] not in steps]
-    # A running workflow's next step and run are due since the workflow started: among equal
-    # priorities, work of older workflows is claimed before a backlog of newer ones (the claim's
-    # order is run_at), so each workflow's step-to-step latency is not the whole backlog's.
-    due, trace = workflow["created_at"], run_trace(rows)
+    # A running workflow's next step and run are due since just before the workflow started: among
+    # equal priorities, work of older workflows is claimed before a backlog of newer ones (the
+    # claim's order is run_at), and before the first runs of workflows started at the same time
+    # (one transaction may start a thousand: their first runs are due at the same instant, and the
+    # ids of the next steps would sort after all of them), so each workflow's step-to-step latency
+    # is not the whole backlog's.
+    due, trace = workflow["created_at"] - RUNNING_FIRST, run_trace(rows)
     rows_in = [job_row(new_id(), step_event(op, clock, due, trace), workflow["tags"], workflow["id"]) for op in new]
     # A loop in the function cannot write more jobs than a fan-out could.
     if rows_in and (over := over_job_cap(cur, workflow["id"], len(rows_in))):
@@ -179,9 +188,86 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
                                                          start_definition=start_definition)}
     # What it waited on may have finished while it ran (their advance found it running): wake it now.
     if all(name in finished for name in decided.get("waiting_on", [])):
+        ran = inline and not rows_in and _INLINE.get() and _run_inline(workflow, rows)
+        if isinstance(ran, dict):  # what it decided is acted on at once, as for a run that was a job
+            run = record_inline(conn, workflow, ran, len(runs) + 1, last["queue"], trace, actor=actor, now=now)
+            return advance_code(conn, cur, workflow, [*rows, run], clock, now=now, actor=actor,
+                                start_definition=start_definition, inline=False)
         row = activation_row(workflow["id"], len(runs) + 1, last["queue"], workflow["tags"], due, trace)
+        if isinstance(ran, Future):  # still running: the job's run takes it over (adopt)
+            _pending_put(row["id"], ran)
         cur.execute(q("job_enqueue"), {"jobs": json.dumps([row]), "actor": actor, "now": now})
     return False
+
+
+# Inline runs. Set by a worker around its reports (inline_activations): the next run of a code
+# workflow whose function this process has registered runs at once, against the rows the advance
+# has just read, and what it decides is written in the transaction of the report that woke it:
+# one transaction per step instead of two, no claim of the run and no read of its history. Its
+# log is a run's as a job leaves it (an activation row with its decisions), less the claim. The
+# function gets INLINE_SECONDS: one that takes longer (it is waiting on something, or the host is
+# busy) is not waited for in the transaction. The report commits with the run as a job, as
+# before, and the worker that claims that job adopts the run still going (adopt), so the
+# function runs once, and a crash from then on is a crash of that job.
+INLINE_SECONDS = 0.2
+_INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("qforge_inline_activations", default=False)
+_inline_threads = ThreadPoolExecutor(32, thread_name_prefix="qforge-inline")
+_pending: dict[str, Future] = {}  # activation job id -> its inline run, still going when it was enqueued
+_pending_lock = threading.Lock()
+PENDING_KEPT = 256  # runs whose job another worker claimed (or whose report rolled back) are forgotten
+
+
+@contextlib.contextmanager
+def inline_activations() -> Iterator[None]:
+    token = _INLINE.set(True)
+    try:
+        yield
+    finally:
+        _INLINE.reset(token)
+
+
+def _run_inline(workflow: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any] | Future | None:
+    """The run's decisions; the Future of a run still going after INLINE_SECONDS; None when it must
+    run as a job (qforge.workflows.activation.activate_inline)."""
+    from qforge.workflows.activation import activate_inline  # activation -> workers.tasks -> here
+
+    future = _inline_threads.submit(activate_inline, workflow, rows)
+    try:
+        return future.result(timeout=INLINE_SECONDS)
+    except TimeoutError:
+        return future
+    except BaseException:  # noqa: BLE001  (SystemExit from the function: the job's run reports it)
+        return None
+
+
+def _pending_put(job_id: str, future: Future) -> None:
+    with _pending_lock:
+        _pending[job_id] = future
+        while len(_pending) > PENDING_KEPT:
+            del _pending[next(iter(_pending))]
+
+
+def adopt(job_id: uuid.UUID) -> Future | None:
+    """The inline run an activation job takes over (its result is the job's; None: the function
+    must run as a job after all), or None when there is none."""
+    with _pending_lock:
+        return _pending.pop(str(job_id), None)
+
+
+def record_inline(conn, workflow: dict[str, Any], decided: dict[str, Any], number: int, queue: str,
+                  trace: dict[str, str] | None, *, actor: str, now: datetime | None) -> dict[str, Any]:
+    """Record an inline run as a succeeded activation (Enqueued waiting, then Succeeded with its
+    decisions); the run's row as the history reads it."""
+    job_id = new_id()
+    base: dict[str, Any] = dict(stream_id=job_id, tags=workflow["tags"], workflow_id=workflow["id"])
+    enqueued = ev.Enqueued(task=journal.TASK, queue=queue, max_retries=ACTIVATION_RETRIES, payload={"n": number},
+                           step=f"@{number}", step_type=journal.ACTIVATION, status=WAITING, run_at=NEVER,
+                           trace=trace)
+    store.append(conn, [NewEvent(**base, version=1, data=enqueued),
+                        NewEvent(**base, version=2, data=ev.Succeeded(result=decided))], actor=actor, now=now)
+    return {"id": job_id, "step": enqueued.step, "step_type": journal.ACTIVATION, "task": journal.TASK,
+            "status": SUCCEEDED, "result": decided, "payload": enqueued.payload, "queue": queue,
+            "tags": workflow["tags"], "trace": trace, "version": 2, "attempts": 0, "last_error": None}
 
 
 MAX_NESTING = 10  # as for graph workflows' sub-workflows
