@@ -32,10 +32,10 @@ from qforge.commands.specs import NAME_PATTERN, Storable, check_tags
 from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.ids import new_id
-from qforge.events.states import (CANCELLED, DEAD, JOB_ACTIVE, JOB_FINISHED, PENDING, RUNNING, SKIPPED, SUCCEEDED,
-                                  WAITING)
-from qforge.events.transitions import job_died
-from qforge.events.types import NewEvent
+from qforge.events.states import (CANCELLED, DEAD, FAILED, JOB_ACTIVE, JOB_FINISHED, PENDING, RUNNING, SKIPPED,
+                                  SUCCEEDED, WAITING)
+from qforge.events.transitions import (after, job_cancelled, job_created, job_died, job_succeeded, step_reopened,
+                                       step_skipped, workflow_ended, workflow_resumed)
 from qforge import tracing
 from qforge.sql import q
 from qforge.workflows import journal
@@ -259,12 +259,13 @@ def record_inline(conn, workflow: dict[str, Any], decided: dict[str, Any], numbe
     """Record an inline run as a succeeded activation (Enqueued waiting, then Succeeded with its
     decisions); the run's row as the history reads it."""
     job_id = new_id()
-    base: dict[str, Any] = dict(stream_id=job_id, tags=workflow["tags"], workflow_id=workflow["id"])
     enqueued = ev.Enqueued(task=journal.TASK, queue=queue, max_retries=ACTIVATION_RETRIES, payload={"n": number},
                            step=f"@{number}", step_type=journal.ACTIVATION, status=WAITING, run_at=NEVER,
                            trace=trace)
-    store.append(conn, [NewEvent(**base, version=1, data=enqueued),
-                        NewEvent(**base, version=2, data=ev.Succeeded(result=decided))], actor=actor, now=now)
+    created = job_created(job_id, enqueued, workflow["tags"], workflow["id"])
+    store.append(conn, [*created, *job_succeeded(after({"id": job_id, "version": 0, "status": None,
+                                                         "tags": workflow["tags"], "workflow_id": workflow["id"]},
+                                                        created), decided)], actor=actor, now=now)
     return {"id": job_id, "step": enqueued.step, "step_type": journal.ACTIVATION, "task": journal.TASK,
             "status": SUCCEEDED, "result": decided, "payload": enqueued.payload, "queue": queue,
             "tags": workflow["tags"], "trace": trace, "version": 2, "attempts": 0, "last_error": None}
@@ -312,14 +313,11 @@ def _end(conn, workflow: dict[str, Any], rows: list[dict[str, Any]], outcome: di
     with conn.cursor(row_factory=dict_row) as locking:  # a heartbeat may have moved them on: re-read locked
         locking.execute(q("job_lock"), {"ids": sorted(r["id"] for r in rows if r["status"] in JOB_ACTIVE)})
         rows = locking.fetchall()
-    events = [NewEvent(stream_id=r["id"], version=r["version"] + 1, tags=r["tags"], workflow_id=workflow_id,
-                       data=(ev.Cancelled(reason="the workflow function returned") if r["status"] == RUNNING
-                             else ev.Skipped(reason="the workflow function returned")))
-              for r in rows if r["status"] in JOB_ACTIVE]
-    data: ev.EventData = (ev.WorkflowSucceeded(result=outcome.get("result")) if outcome["status"] == SUCCEEDED
-                          else ev.WorkflowFailed(error=outcome.get("error"), reason=outcome.get("reason")))
-    events.append(NewEvent(stream_id=workflow_id, version=workflow["version"] + 1, data=data,
-                           tags=workflow["tags"], workflow_id=workflow_id))
+    reason = "the workflow function returned"
+    events = [event for r in rows if r["status"] in JOB_ACTIVE
+              for event in (job_cancelled(r, reason) if r["status"] == RUNNING else step_skipped(r, reason))]
+    events += workflow_ended(workflow, SUCCEEDED if outcome["status"] == SUCCEEDED else FAILED,
+                             result=outcome.get("result"), error=outcome.get("error"), reason=outcome.get("reason"))
     store.append(conn, events, actor=actor, now=now)
     tracing.ended(run_trace(rows_all), "qforge.workflow.end", workflow_id=workflow_id, status=outcome["status"],
                   error=outcome.get("error"))
@@ -340,18 +338,14 @@ def resume_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]],
     names = [r["step"] for r in cur.fetchall()]
     deadline_at = (clock + timedelta(seconds=workflow["deadline_seconds"])
                    if workflow.get("deadline_seconds") is not None else None)
-    events = [NewEvent(stream_id=workflow["id"], version=workflow["version"] + 1, tags=workflow["tags"],
-                       workflow_id=workflow["id"], data=ev.WorkflowResumed(
-                           steps=names, reason="resume", deadline_at=deadline_at))]
+    events = workflow_resumed(workflow, names, "resume", deadline_at)
     for row in reopened:
         waits = row["step_type"] in ("sleep", "wait_for_trigger")
         run_at = (clock + timedelta(seconds=row["sleep_seconds"] if row["step_type"] == "sleep"
                                     else row["timeout_seconds"] or 0) if waits else clock)
         if row["step_type"] == "wait_for_trigger" and row["timeout_seconds"] is None:
             run_at = NEVER
-        events.append(NewEvent(stream_id=row["id"], version=row["version"] + 1, tags=row["tags"],
-                               workflow_id=workflow["id"], data=ev.StepReopened(
-                                   status=WAITING if waits else PENDING, run_at=run_at, reason="resume")))
+        events += step_reopened(row, WAITING if waits else PENDING, run_at, "resume")
     store.append(conn, events, actor=actor, now=now)
     runs = journal.activations(rows)
     queue = runs[-1]["queue"] if runs else "default"
