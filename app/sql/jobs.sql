@@ -315,6 +315,9 @@ WITH RECURSIVE clock AS MATERIALIZED (
       JOIN quota qu ON qu.queue = t.queue
       LEFT JOIN key_bucket kb ON kb.key = t.key
 ), fair AS MATERIALIZED (
+    -- Alike in shape to `keyed` above, on purpose: each LATERAL walks its own partial
+    -- index (by concurrency key there, by fairness key here) with its own limit; one
+    -- LATERAL over both would lose the index scans the claim relies on.
     SELECT c.*, 'f'::text AS kind, t.key AS rot
       FROM shares t
      CROSS JOIN LATERAL (
