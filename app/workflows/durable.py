@@ -188,7 +188,8 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
                                                          start_definition=start_definition)}
     # What it waited on may have finished while it ran (their advance found it running): wake it now.
     if all(name in finished for name in decided.get("waiting_on", [])):
-        ran = inline and not rows_in and _INLINE.get() and _run_inline(workflow, rows)
+        runner = _INLINE.get() if inline and not rows_in else None
+        ran = runner is not None and _run_inline(runner, workflow, rows)
         if isinstance(ran, dict):  # what it decided is acted on at once, as for a run that was a job
             run = record_inline(conn, workflow, ran, len(runs) + 1, last["queue"], trace, actor=actor, now=now)
             return advance_code(conn, cur, workflow, [*rows, run], clock, now=now, actor=actor,
@@ -210,7 +211,11 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
 # before, and the worker that claims that job adopts the run still going (adopt), so the
 # function runs once, and a crash from then on is a crash of that job.
 INLINE_SECONDS = 0.2
-_INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("qforge_inline_activations", default=False)
+# The runner a worker gives (qforge.workflows.activation.activate_inline): passed in, not imported,
+# since activation sits above the workers' task registry, which sits above this module.
+InlineRunner = Callable[[dict[str, Any], list[dict[str, Any]]], dict[str, Any] | None]
+_INLINE: contextvars.ContextVar[InlineRunner | None] = contextvars.ContextVar("qforge_inline_activations",
+                                                                             default=None)
 _inline_threads = ThreadPoolExecutor(32, thread_name_prefix="qforge-inline")
 _pending: dict[str, Future] = {}  # activation job id -> its inline run, still going when it was enqueued
 _pending_lock = threading.Lock()
@@ -218,20 +223,19 @@ PENDING_KEPT = 256  # runs whose job another worker claimed (or whose report rol
 
 
 @contextlib.contextmanager
-def inline_activations() -> Iterator[None]:
-    token = _INLINE.set(True)
+def inline_activations(runner: InlineRunner) -> Iterator[None]:
+    token = _INLINE.set(runner)
     try:
         yield
     finally:
         _INLINE.reset(token)
 
 
-def _run_inline(workflow: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any] | Future | None:
+def _run_inline(runner: InlineRunner, workflow: dict[str, Any],
+                rows: list[dict[str, Any]]) -> dict[str, Any] | Future | None:
     """The run's decisions; the Future of a run still going after INLINE_SECONDS; None when it must
     run as a job (qforge.workflows.activation.activate_inline)."""
-    from qforge.workflows.activation import activate_inline  # activation -> workers.tasks -> here
-
-    future = _inline_threads.submit(activate_inline, workflow, rows)
+    future = _inline_threads.submit(runner, workflow, rows)
     try:
         return future.result(timeout=INLINE_SECONDS)
     except TimeoutError:
