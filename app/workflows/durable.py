@@ -266,10 +266,10 @@ def record_inline(conn, workflow: dict[str, Any], decided: dict[str, Any], numbe
     enqueued = ev.Enqueued(task=journal.TASK, queue=queue, max_retries=ACTIVATION_RETRIES, payload={"n": number},
                            step=f"@{number}", step_type=journal.ACTIVATION, status=WAITING, run_at=NEVER,
                            trace=trace)
+    new_row = {"id": job_id, "version": 0, "status": None, "tags": workflow["tags"], "workflow_id": workflow["id"]}
     created = job_created(job_id, enqueued, workflow["tags"], workflow["id"])
-    store.append(conn, [*created, *job_succeeded(after({"id": job_id, "version": 0, "status": None,
-                                                         "tags": workflow["tags"], "workflow_id": workflow["id"]},
-                                                        created), decided)], actor=actor, now=now)
+    succeeded = job_succeeded(after(new_row, created), decided)
+    store.append(conn, [*created, *succeeded], actor=actor, now=now)
     return {"id": job_id, "step": enqueued.step, "step_type": journal.ACTIVATION, "task": journal.TASK,
             "status": SUCCEEDED, "result": decided, "payload": enqueued.payload, "queue": queue,
             "tags": workflow["tags"], "trace": trace, "version": 2, "attempts": 0, "last_error": None}
