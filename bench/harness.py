@@ -255,6 +255,9 @@ def python312() -> str:
     candidates = [os.environ.get("BENCH_PYTHON312"), shutil.which("python3.12"), shutil.which("python3.13"),
                   *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[2-9]*/bin/python3")))]
     for candidate in candidates:
-        if candidate and os.path.exists(candidate):
+        # a pyenv shim is on the PATH even where that version is not the selected one: run it to know
+        if candidate and os.path.exists(candidate) and subprocess.run(
+                [candidate, "-c", "import sys; assert sys.version_info >= (3, 12)"],
+                capture_output=True).returncode == 0:
             return candidate
     raise RuntimeError("Oban for Python needs Python 3.12+: set BENCH_PYTHON312 to one")
