@@ -87,8 +87,14 @@ def test_a_worker_with_a_30s_poll_starts_new_and_delayed_jobs_when_told(conn: ps
 
 
 def _claims(workers: list) -> int:
-    """Claims the workers made so far (each logs one line per claim at DEBUG)."""
-    return sum(len(re.findall(r"claimed \d+ jobs of \d+", worker.log_path.read_text())) for worker in workers)
+    """Claims the workers made so far, and notifications of jobs handed to them (each logs one line
+    per claim or hand at DEBUG)."""
+    return sum(len(re.findall(r"claimed \d+ jobs of \d+|took \d+ handed jobs", worker.log_path.read_text()))
+               for worker in workers)
+
+
+def _handed(workers: list) -> int:
+    return sum(len(re.findall(r"took \d+ handed jobs", worker.log_path.read_text())) for worker in workers)
 
 
 def _waiting(conn: psycopg.Connection) -> int:
@@ -110,8 +116,13 @@ def test_a_new_job_wakes_one_idle_worker_and_no_other_claims_in_vain(conn: psyco
                      timeout=10, message="the job to run", interval=0.005)
             wait_for(lambda: _waiting(conn) == 2, timeout=10, message="both workers to wait again", interval=0.005)
     claims = _claims(workers) - before
-    # one claim per job (a poll or a listener's reconnect may add one); every worker woken by
-    # every job makes two per job (40: seen without 34_wake.sql)
+    # one claim or hand per job (a poll or a listener's reconnect may add one); every worker woken
+    # by every job makes two per job (40: seen without 34_wake.sql)
     assert jobs <= claims <= jobs + 2, f"{claims} claims for {jobs} jobs"
-    # the longest-waiting worker is woken: they take turns
+    # each new job was handed to the waiting worker in the enqueue's transaction (jobs_hand):
+    # no claim of the worker's own
+    assert _handed(workers) == jobs
+    assert scalar(conn, "SELECT count(*) FROM events e JOIN events c ON c.stream_id = e.stream_id"
+                        " WHERE e.type = 'Enqueued' AND c.type = 'Claimed' AND c.xid = e.xid") == jobs
+    # the longest-waiting worker is served first: they take turns
     assert scalar(conn, "SELECT count(DISTINCT actor) FROM events WHERE type = 'Claimed'") == 2

@@ -71,6 +71,21 @@ def claim(conn, queues: list[str], limit: int, worker: str, *,
         return [_claimed(row) for row in rows]
 
 
+def handed(item: dict[str, Any]) -> ClaimedJob:
+    """A job claimed for this worker by the statement that created it (jobs_hand, 34_wake.sql),
+    from one element of its notification: what a claim returns, as JSON."""
+    return frozen_record(ClaimedJob, {"id": UUID(item["id"]), "task": item["task"], "queue": item["queue"],
+                                      "payload": item["payload"], "attempt": item["attempt"],
+                                      "timeout_seconds": item["timeout_seconds"], "workflow_id": None,
+                                      "step": item["step"], "tags": item["tags"], "trace": item["trace"]})
+
+
+def handed_by_id(conn, ids: list[UUID], worker: str) -> list[ClaimedJob]:
+    """The jobs handed to `worker` whose notification named only their ids (too long to carry them)."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        return [_claimed(row) for row in cur.execute(q("job_handed"), {"ids": ids, "worker": worker})]
+
+
 def _claimed(row: tuple) -> ClaimedJob:
     """ClaimedJob(*row), once per claimed job (see frozen_record)."""
     return frozen_record(ClaimedJob, zip(_CLAIMED_FIELDS, row))

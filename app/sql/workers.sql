@@ -92,8 +92,17 @@ SELECT q.queue, h.task
 
 -- name: worker_wait
 -- A worker whose claim came up short waits for work on its own channel (34_wake.sql):
--- the next statement that makes jobs of these queues due takes this row and wakes it alone.
-INSERT INTO job_waiters (channel, queues, slots) VALUES (%(channel)s, %(queues)s, %(slots)s)
+-- the next statement that makes jobs of these queues due takes this row and wakes it alone,
+-- or hands it a few new jobs, claimed for `worker` (jobs_hand), while backend `pid` (the
+-- listening connection) lives.
+INSERT INTO job_waiters (channel, queues, slots, worker, pid)
+VALUES (%(channel)s, %(queues)s, %(slots)s, %(worker)s, %(pid)s)
+
+-- name: job_handed
+-- Jobs handed to this worker (jobs_hand) whose notification named only their ids (too long).
+SELECT id, task, queue, payload, attempts AS attempt, timeout_seconds, workflow_id, step, tags, trace
+  FROM jobs
+ WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND worker = %(worker)s
 
 -- name: worker_wait_end
 -- The worker stops, or its listening connection (whose pid names the channel) is gone.

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import json
 import logging
 import signal
 import time
+from uuid import UUID
 
 import psycopg
 from psycopg import sql
 
+from qforge.commands import claim, workers
+from qforge.commands.report import Report
 from qforge.db import direct_url, say_polling
 from qforge.events.store import JOBS_CHANNEL
 from qforge.sql import q
@@ -87,7 +91,8 @@ class Wakeups:
         self.waiting = True
         try:
             await self._db(_execute, q("worker_wait"), {"channel": channel, "queues": self.queues,
-                                                        "slots": len(self.free_slots)})
+                                                        "slots": len(self.free_slots), "worker": self.name,
+                                                        "pid": self.wake_pid})
         except BaseException:
             self.waiting = False
             raise
@@ -103,9 +108,50 @@ class Wakeups:
         if self.free_slots and not self.stopping:
             self._want_claim()
             return
-        passing = asyncio.get_running_loop().create_task(self._pass_on(queue))
-        self.passing.add(passing)  # the loop keeps only a weak reference
-        passing.add_done_callback(self.passing.discard)
+        self._spawn(self._pass_on(queue))
+
+    def _handed(self, payload: str) -> None:
+        """Our own channel brought jobs claimed for us by the statement that created them (jobs_hand,
+        34_wake.sql): start them now, without a claim of our own."""
+        self.waiting = False
+        items = json.loads(payload)
+        jobs = [claim.handed(item) for item in items if "task" in item]
+        by_id = [UUID(item["id"]) for item in items if "task" not in item]
+        # claimed long before we heard (the enqueue's transaction was slow to commit): beat at once,
+        # before the monitor takes the Claimed event's time for the last sign of life
+        late = min(item["at"] for item in items) < time.time() - self.settings.heartbeat_seconds / 2
+        log.debug("took %d handed jobs", len(items))
+        rest = [job for job in jobs if not self._start_handed(job, late)]
+        self._spawn(self._after_handed(by_id, rest, late))
+
+    def _start_handed(self, job: claim.ClaimedJob, late: bool) -> bool:
+        if not self.free_slots or self.stopping:
+            return False
+        self._start(job)
+        if late:
+            self.running[job.id].beat_at = float("-inf")
+            self.beat_soon = True
+            self.wake.set()
+        return True
+
+    async def _after_handed(self, by_id: list[UUID], rest: list[claim.ClaimedJob], late: bool) -> None:
+        """Fetch the jobs named by id only, hand back what there is no slot for, and wait again."""
+        try:
+            if by_id:
+                fetched = await self._db(claim.handed_by_id, by_id, self.name)
+                rest += [job for job in fetched if not self._start_handed(job, late)]
+            if rest:
+                reports = [Report(job.id, job.attempt) for job in rest]
+                await self._db(workers.release, reports, actor=self.name, reason="no free slot")
+                log.info("handed back %d jobs handed to this worker without a free slot", len(rest))
+            await self._wait_for_work()
+        except Exception as exc:  # the monitor recovers what could not be started or handed back
+            log.warning("could not take the jobs handed to this worker (%s)", describe(exc))
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.passing.add(task)  # the loop keeps only a weak reference
+        task.add_done_callback(self.passing.discard)
 
     async def _pass_on(self, queue: str) -> None:
         try:
@@ -130,15 +176,18 @@ class Wakeups:
                     if self.lost_channel is not None:  # a row of the connection before is nobody's
                         await conn.execute(q("worker_wait_end"), {"channel": self.lost_channel})
                         self.lost_channel = None
-                    self.wake_channel, self.waiting = channel, False
+                    self.wake_channel, self.wake_pid, self.waiting = channel, conn.info.backend_pid, False
                     backoff.reset()
                     self._want_claim()  # whatever was notified while nobody listened
                     due = await (await conn.execute(q("job_next_due"), {"queues": self.queues})).fetchone()
                     if due and due[0] is not None:
                         self._due_at(due[0])
                     async for note in conn.notifies():
-                        if note.channel == channel:  # chosen alone: "queue", due now
-                            self._woken(note.payload)
+                        if note.channel == channel:  # chosen alone: jobs handed to us, or "queue", due now
+                            if note.payload.startswith("["):
+                                self._handed(note.payload)
+                            else:
+                                self._woken(note.payload)
                             continue
                         # "queue" (due now) or "queue epoch" (the earliest due then)
                         queue, _, epoch = note.payload.partition(" ")

@@ -118,9 +118,11 @@ class Worker(Wakeups, Exchanges):
         # This worker's own wake channel (34_wake.sql), named by its listening connection's pid while
         # that connection LISTENs; `waiting`: a job_waiters row of it is there, not yet taken.
         self.wake_channel: str | None = None
+        self.wake_pid: int | None = None  # the backend pid of that connection
         self.lost_channel: str | None = None  # that of a listening connection lost since
         self.waiting = False
-        self.passing: set[asyncio.Task] = set()  # wake-ups passed on (wakeups.py), held until sent
+        self.passing: set[asyncio.Task] = set()  # wake-ups passed on, handed jobs taken (wakeups.py)
+        self.beat_soon = False  # heartbeat at the next turn, not when the interval is up
         self.signalled: asyncio.Event | None = None  # set by SIGTERM/SIGINT
 
     # --- the loop -------------------------------------------------------------
@@ -171,8 +173,8 @@ class Worker(Wakeups, Exchanges):
             if self.stopping and (not self.running or now >= self.grace_deadline):
                 return
             try:
-                if now >= next_beat:
-                    next_beat = now + heartbeat
+                if now >= next_beat or self.beat_soon:
+                    next_beat, self.beat_soon = now + heartbeat, False
                     await self._beat()
                 if self.retry_due is not None:
                     next_poll, self.retry_due = min(next_poll, self.retry_due), None

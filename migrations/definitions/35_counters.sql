@@ -11,7 +11,12 @@ BEGIN
     -- Wake idle workers of the queues that just got claimable work (34_wake.sql): one
     -- per queue when some of it is due now; all, with when, if the earliest is due later,
     -- so that they set a timer on it instead of finding it at their next poll.
-    PERFORM jobs_wake(queue, min(run_at), count(*)) FROM new_jobs WHERE status = 'pending' GROUP BY queue;
+    -- A few plain jobs due now are handed to idle workers instead (jobs_arrive, 34_wake.sql).
+    PERFORM jobs_arrive(queue, min(run_at), count(*),
+                        coalesce(array_agg(id ORDER BY priority DESC, run_at, id)
+                                     FILTER (WHERE run_at <= now() AND workflow_id IS NULL
+                                               AND concurrency_key IS NULL AND fairness_key IS NULL), '{}'))
+       FROM new_jobs WHERE status = 'pending' GROUP BY queue;
     RETURN NULL;
 END $$;
 

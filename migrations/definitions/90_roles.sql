@@ -127,6 +127,8 @@ INSERT INTO role_functions (kind, function) VALUES
     ('api', 'token_lock(text)'),
     ('api', 'token_write(text,uuid,integer,text,jsonb,text,text)'),
     ('api', 'stream_ticket_mac(bytea)'), ('read', 'stream_ticket_mac(bytea)'),
+    -- new jobs handed to idle workers: Claimed, appended for the roles that enqueue (34_wake.sql)
+    ('api', 'jobs_hand(text,uuid[])'), ('worker', 'jobs_hand(text,uuid[])'), ('monitor', 'jobs_hand(text,uuid[])'),
     -- the log's partitions: DDL, which only the owner of the log may run
     ('monitor', 'log_maintain()'), ('api', 'log_maintain()'), ('worker', 'log_maintain()'),
     ('monitor', 'log_close_current()'), ('monitor', 'log_settle_lock()'), ('monitor', 'log_archive_let_go(bigint)'),
