@@ -120,6 +120,19 @@ def test_jobs_that_are_not_handed_take_the_wake_path(db_url, conn, listener, cas
         assert ("qforge_jobs", "default") in notes
 
 
+def test_a_waiting_row_whose_backend_is_gone_is_passed_over_when_waking(db_url, conn, listener) -> None:
+    with psycopg.connect(db_url, autocommit=True) as other:
+        gone = other.info.backend_pid
+    wait_for(lambda: not scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", gone),
+             timeout=10, message="the closed connection's backend to end")
+    conn.execute("INSERT INTO job_waiters (channel, queues, slots, worker, pid) VALUES ('qforge_wake_0', %s, 50,"
+                 " NULL, %s)", (["default"], gone))
+    channel = _wait_as(conn, listener, worker=None)  # behind the dead row: woken for the 17 jobs
+    enqueue(conn, [JobSpec(task="echo") for _ in range(17)], actor="api")
+    assert (channel, "default") in _notes(listener)
+    assert scalar(conn, "SELECT count(*) FROM job_waiters") == 0
+
+
 def test_a_workflow_step_is_not_handed(conn, listener) -> None:
     _wait_as(conn, listener, worker="idle-1")
     engine.submit(conn, WorkflowSpec.model_validate({"name": "one", "steps": [{"step": "a", "task": "echo"}]}))

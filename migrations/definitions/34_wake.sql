@@ -7,9 +7,10 @@
 -- sleep on instead of each claiming once in vain. With no row to take, it
 -- notifies `qforge_jobs`, which every worker hears, as before; so does a job
 -- due later (workers set a timer on it). A row is taken once: the worker adds
--- another when a claim of its comes up short again. A row whose worker is gone
--- costs one job a poll interval, once; a woken worker without a free slot
--- passes the notification on to `qforge_jobs`.
+-- another when a claim of its comes up short again. A row whose listening
+-- backend has ended is dropped and the next row taken (a row of a worker too old
+-- to say its pid costs one job a poll interval, once); a woken worker without a
+-- free slot passes the notification on to `qforge_jobs`.
 --
 -- Handing a new job to an idle worker (the single job's path). A waiting
 -- worker that says its name in its row takes jobs handed to it: a statement that
@@ -55,8 +56,10 @@ BEGIN
         DELETE FROM job_waiters w
          WHERE w.id = (SELECT x.id FROM job_waiters x WHERE queue = ANY(x.queues)
                         ORDER BY x.id LIMIT 1 FOR UPDATE SKIP LOCKED)
-        RETURNING w.channel, w.slots INTO waiter;
+        RETURNING w.channel, w.slots, w.pid INTO waiter;
         EXIT WHEN waiter IS NULL;
+        -- a row whose listening backend has ended is dropped (a worker too old to say its pid: woken)
+        CONTINUE WHEN waiter.pid IS NOT NULL AND NOT EXISTS (SELECT FROM pg_stat_get_activity(waiter.pid));
         PERFORM pg_notify(waiter.channel, queue);
         covered := covered + waiter.slots;
     END LOOP;
