@@ -4,6 +4,12 @@
 -- folded in the appending statement), and so does each replay's feed table
 -- (qforge replay inserts the log into it, chunk by chunk, with the scratch
 -- tables first on the search path), so live and replay cannot drift.
+-- It is the log's only trigger after INSERT (issue 33: each statement trigger
+-- costs every append a call, and the job's path is most of them): the rare
+-- streams' folds (definitions_fold, flow_fold, tokens_fold) are called from
+-- here with those events, when a statement has some, and on the log (not a
+-- replay's feed) it wakes the readers (NOTIFY qforge_events: they re-read
+-- the log).
 --
 -- It is set-based: one INSERT creates every new stream of the set, then one
 -- UPDATE per round applies, to every stream at once, the event whose version
@@ -72,6 +78,8 @@ DECLARE
     new_workflows bigint;
     expected_workflows bigint;
     tagged bigint;
+    rare bigint;
+    others events[];
     applied bigint;
     done bigint;
 BEGIN
@@ -80,8 +88,9 @@ BEGIN
            count(*) FILTER (WHERE e.stream_type = 'job' AND e.version > 1),
            count(*) FILTER (WHERE e.stream_type = 'workflow' AND e.version = 1),
            count(*) FILTER (WHERE e.stream_type = 'workflow' AND e.version > 1),
-           count(*) FILTER (WHERE e.version = 1 AND e.tags IS NOT NULL AND e.tags <> '{}')
-      INTO new_jobs, expected_jobs, new_workflows, expected_workflows, tagged
+           count(*) FILTER (WHERE e.version = 1 AND e.tags IS NOT NULL AND e.tags <> '{}'),
+           count(*) FILTER (WHERE e.stream_type NOT IN ('job', 'workflow'))
+      INTO new_jobs, expected_jobs, new_workflows, expected_workflows, tagged, rare
       FROM new_events e;
 
     -- New jobs: an Enqueued event creates the row.
@@ -232,6 +241,18 @@ BEGIN
           FROM new_events e, LATERAL jsonb_each_text(e.tags) t
          WHERE e.version = 1 AND e.tags IS NOT NULL AND e.tags <> '{}'
         ON CONFLICT DO NOTHING;
+    END IF;
+
+    -- The rare streams, in the order their own triggers once ran in (by name).
+    IF rare > 0 THEN
+        SELECT array_agg(ROW(e.*)::events ORDER BY e.position) INTO others
+          FROM new_events e WHERE e.stream_type NOT IN ('job', 'workflow');
+        PERFORM definitions_fold(others);
+        PERFORM flow_fold(others);
+        PERFORM tokens_fold(others);
+    END IF;
+    IF TG_TABLE_NAME = 'events' THEN
+        PERFORM pg_notify('qforge_events', '');
     END IF;
     RETURN NULL;
 END $$;
