@@ -60,13 +60,16 @@ BEGIN
              GROUP BY x.key
             HAVING sum(x.d) <> 0
         ), locked AS MATERIALIZED (
-            -- in key order (the lock sits above the sort); a claim holds these already
-            SELECT s.key FROM concurrency_slots s WHERE s.key IN (SELECT key FROM moved WHERE net > 0)
+            -- in key order (the lock sits above the sort); a claim holds these already.
+            -- Keys as arrays (`= ANY`): probes of the key, never a scan of every key's
+            -- row (the fold that fires this trigger no longer turns hash joins off)
+            SELECT s.key FROM concurrency_slots s
+             WHERE s.key = ANY (ARRAY(SELECT key FROM moved WHERE net > 0))
              ORDER BY s.key FOR UPDATE
         ), counted AS (
             UPDATE concurrency_slots s SET claimed = s.claimed + m.net
               FROM moved m
-             WHERE s.key = m.key AND s.key IN (SELECT key FROM locked)
+             WHERE s.key = m.key AND s.key = ANY (ARRAY(SELECT key FROM locked))
         )
         INSERT INTO concurrency_releases (key, released)
         SELECT key, -net FROM moved WHERE net < 0;
