@@ -74,8 +74,8 @@ END $$;
 -- be a probe of the key per event but neither a hash nor a merge join: the
 -- plans that SET enable_hashjoin = off SET enable_mergejoin = off on this
 -- function left, without the SET clauses, which cost each call of the
--- function (a plain claim's or completion's PostgreSQL CPU: about a third
--- more, issue 33).
+-- function (about 5 % of a one-job claim's or completion's PostgreSQL CPU,
+-- issue 33).
 CREATE OR REPLACE FUNCTION events_project() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     new_jobs bigint;
