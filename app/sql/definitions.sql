@@ -8,7 +8,7 @@ SELECT pg_advisory_xact_lock(hashtextextended('qforge.definition:' || %(name)s, 
 -- name: definition_append
 -- The next DefinitionStored of the name's stream, chained to the head kept on
 -- its definitions row (none for a first version). The fold
--- (definitions_project) writes the version and moves the head.
+-- (definitions_fold) writes the version and moves the head.
 WITH head AS (
     SELECT version, chain FROM definitions WHERE name = %(name)s
 ), input AS (

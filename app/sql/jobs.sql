@@ -401,6 +401,10 @@ SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_se
 -- superseded attempt, or for a job that moved on (cancelled, re-claimed),
 -- matches no row and changes nothing. attempts > 0: a waiting step may take
 -- Succeeded or Failed, but never from a worker's report (no worker claimed it).
+-- The ids also as an array, whose `= ANY` is a probe of jobs' key: joined to
+-- the reports alone, a worker's generic plan (job_claim_plan_session) made
+-- while jobs was small hashed them and scanned jobs, every report after (a
+-- one-job completion: 1.8 ms of CPU at 5,000 jobs, growing with the table).
 SELECT j.id, j.version, j.workflow_id, j.chain, j.attempts, j.free_attempts, j.max_retries,
        j.backoff_base_seconds, j.backoff_cap_seconds, r.result, r.reason, r.error, r.permanent,
        coalesce(%(now)s::timestamptz, now()) AS at
@@ -408,7 +412,8 @@ SELECT j.id, j.version, j.workflow_id, j.chain, j.attempts, j.free_attempts, j.m
   JOIN jsonb_to_recordset(%(reports)s::jsonb)
        AS r(id uuid, attempt integer, result jsonb, reason text, error text, permanent boolean)
     ON r.id = j.id AND r.attempt = j.attempts
- WHERE j.attempts > 0 AND state_allows('job', j.status, (SELECT event FROM fence))
+ WHERE j.id = ANY (ARRAY(SELECT (x ->> 'id')::uuid FROM jsonb_array_elements(%(reports)s::jsonb) x))
+   AND j.attempts > 0 AND state_allows('job', j.status, (SELECT event FROM fence))
  ORDER BY j.id
    FOR UPDATE OF j
 

@@ -112,7 +112,7 @@ SELECT u.stream_id FROM events_packed p, unnest(p.events) u
    AND NOT pg_visible_in_snapshot(u.xid, %(snapshot)s::pg_snapshot)
 
 -- name: replay_lock_writers
--- Writers append to events and, through events_project() and tokens_project(),
+-- Writers append to events and, through events_project() (and the folds it calls),
 -- write the projections; EXCLUSIVE blocks them all (row locks included) and lets plain
 -- reads (API, dashboard, SSE) go on. Taken with a short lock_timeout and
 -- retried: a command holding one of these tables while waiting for another

@@ -2,8 +2,8 @@
 -- written once here (the definitions after this one call them).
 
 -- A fold of the log: after every INSERT into events, p_function() reads the
--- statement's new rows as the transition table new_events (30_fold,
--- 60_definitions, 65_flow, 70_tokens). Replay puts each such trigger on its feed
+-- statement's new rows as the transition table new_events (30_fold: the only
+-- one, which calls the other folds). Replay puts each such trigger on its feed
 -- table too (replay_fold_triggers, app/sql/replay.sql), so it folds the same.
 CREATE OR REPLACE FUNCTION events_fold_with(p_trigger text, p_function text) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -12,8 +12,8 @@ BEGIN
                    ' FOR EACH STATEMENT EXECUTE FUNCTION %I()', p_trigger, p_function);
 END $$;
 
--- A projection of jobs kept from the rows each statement changes (35_counters,
--- 65_flow): triggers <p_name>_insert, _update and _delete call the functions of
+-- A projection of jobs kept from the rows each statement changes (35_counters):
+-- triggers <p_name>_insert, _update and _delete call the functions of
 -- the same names, which read the rows as new_jobs (insert, update) and
 -- old_jobs (update, delete).
 CREATE OR REPLACE FUNCTION jobs_kept_by(p_name text) RETURNS void LANGUAGE plpgsql AS $$

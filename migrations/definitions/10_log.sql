@@ -32,15 +32,11 @@ END $$;
 
 SELECT log_guard_partition(inhrelid::regclass) FROM pg_inherits WHERE inhparent = 'events'::regclass;
 
--- LISTEN/NOTIFY only wakes readers; they always re-read the log.
-CREATE OR REPLACE FUNCTION events_notify() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('qforge_events', '');
-    RETURN NULL;
-END $$;
-
-CREATE OR REPLACE TRIGGER events_wake AFTER INSERT ON events
-    FOR EACH STATEMENT EXECUTE FUNCTION events_notify();
+-- The readers' wake-up (NOTIFY qforge_events) is sent by events_project()
+-- (30_fold.sql), once its own statement trigger: each costs every append a
+-- call (issue 33).
+DROP TRIGGER IF EXISTS events_wake ON events;
+DROP FUNCTION IF EXISTS events_notify();
 
 -- The head of a stream's hash chain: the last hash, kept on the stream's
 -- projection row (each stream type has its own table; a stream with no row

@@ -3,19 +3,22 @@
 
 -- The fold of the schedule, queue and key streams into schedules / queue_settings /
 -- key_settings.
--- A statement trigger on the log (so replay's feed table carries it, and
--- `qforge replay --verify` compares the tables); most statements hold none of
--- these events and leave after one look at the set. These streams are few and
--- slow (a tick a second at most per schedule), so they fold event by event.
-CREATE OR REPLACE FUNCTION flow_project() RETURNS trigger LANGUAGE plpgsql AS $$
+-- Called by events_project() (30_fold.sql) with a statement's events of the
+-- rare streams (so replay's feed table folds them too, and `qforge replay
+-- --verify` compares the tables). These streams are few and slow (a tick a
+-- second at most per schedule), so they fold event by event.
+
+-- Once its own statement trigger: each costs every append a call (issue 33).
+DROP TRIGGER IF EXISTS events_project_flow ON events;
+DROP FUNCTION IF EXISTS flow_project();
+
+CREATE OR REPLACE FUNCTION flow_fold(new_events events[]) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     e record;
     found_rows bigint;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM new_events x WHERE x.stream_type IN ('schedule', 'queue', 'key')) THEN
-        RETURN NULL;
-    END IF;
-    FOR e IN SELECT * FROM new_events x WHERE x.stream_type IN ('schedule', 'queue', 'key') ORDER BY x.position LOOP
+    FOR e IN SELECT * FROM unnest(new_events) x WHERE x.stream_type IN ('schedule', 'queue', 'key')
+              ORDER BY x.position LOOP
         IF e.stream_type = 'key' THEN
             -- KeyConfigured carries the key's whole settings (its only event type)
             IF e.type <> 'KeyConfigured' THEN
@@ -93,74 +96,10 @@ BEGIN
                 USING ERRCODE = 'unique_violation';
         END IF;
     END LOOP;
-    RETURN NULL;
 END $$;
 
-SELECT events_fold_with('events_project_flow', 'flow_project');
-
--- Running jobs per concurrency key (see concurrency_slots, migration 0010):
--- a job that starts running adds to its key's claimed (the claim holds the
--- key's row already; other writers lock rows in key order), one that stops
--- running appends to concurrency_releases (no lock on the key's row). A
--- statement without keyed jobs leaves after one look at its rows.
-CREATE OR REPLACE FUNCTION jobs_concurrency_insert() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM new_jobs WHERE concurrency_key IS NOT NULL) THEN
-        RETURN NULL;
-    END IF;
-    -- A key's row comes with its first job; the latest job's limit is the key's.
-    INSERT INTO concurrency_slots AS s (key, lim, claimed)
-    SELECT concurrency_key, max(concurrency_limit), count(*) FILTER (WHERE status = 'running')
-      FROM new_jobs WHERE concurrency_key IS NOT NULL
-     GROUP BY concurrency_key ORDER BY concurrency_key
-    ON CONFLICT (key) DO UPDATE SET lim = excluded.lim, claimed = s.claimed + excluded.claimed
-     WHERE s.lim <> excluded.lim OR excluded.claimed <> 0;
-    RETURN NULL;
-END $$;
-
-CREATE OR REPLACE FUNCTION jobs_concurrency_update() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM new_jobs WHERE concurrency_key IS NOT NULL) THEN
-        RETURN NULL;
-    END IF;
-    -- Per key, running rows after less running rows before: no join of the two
-    -- transition tables (which the planner, knowing nothing of them, ran as a
-    -- nested loop over every pair: 40 % of a keyed claim's CPU). A row that
-    -- stays running (a heartbeat) adds and takes one; a key that gained
-    -- running jobs counts them as claimed, one that lost some appends them as
-    -- released (a statement does either for a key, or both cancel out).
-    WITH moved AS (
-        SELECT x.key, sum(x.d) AS net
-          FROM (SELECT n.concurrency_key AS key, 1 AS d FROM new_jobs n
-                 WHERE n.concurrency_key IS NOT NULL AND n.status = 'running'
-                UNION ALL
-                SELECT o.concurrency_key, -1 FROM old_jobs o
-                 WHERE o.concurrency_key IS NOT NULL AND o.status = 'running') x
-         GROUP BY x.key
-        HAVING sum(x.d) <> 0
-    ), locked AS MATERIALIZED (
-        -- in key order (the lock sits above the sort); a claim holds these already
-        SELECT s.key FROM concurrency_slots s WHERE s.key IN (SELECT key FROM moved WHERE net > 0)
-         ORDER BY s.key FOR UPDATE
-    ), counted AS (
-        UPDATE concurrency_slots s SET claimed = s.claimed + m.net
-          FROM moved m
-         WHERE s.key = m.key AND s.key IN (SELECT key FROM locked)
-    )
-    INSERT INTO concurrency_releases (key, released)
-    SELECT key, -net FROM moved WHERE net < 0;
-    RETURN NULL;
-END $$;
-
-CREATE OR REPLACE FUNCTION jobs_concurrency_delete() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO concurrency_releases (key, released)
-    SELECT concurrency_key, count(*) FROM old_jobs
-     WHERE concurrency_key IS NOT NULL AND status = 'running' GROUP BY 1;
-    RETURN NULL;
-END $$;
-
-SELECT jobs_kept_by('jobs_concurrency');
+-- Running jobs per concurrency key (see concurrency_slots, migration 0010) are
+-- kept by the statements on jobs, in the counters' triggers (35_counters.sql).
 
 -- One released row per key (the monitor's leader, every tick). The rows it
 -- replaces and the one it writes have the same sum, and a reader's snapshot

@@ -1,17 +1,22 @@
--- The fold of token events into `tokens` (issue 19). Its own statement
--- trigger on events, so replay's feed table carries it too (replay copies
--- every statement trigger with a transition table) and, with the scratch
--- schema first on the search path, rebuilds `tokens` like the other
--- projections. Token events are rare (an operator's command): row by row is
--- plenty, and the state machine ('token' in qforge.events.states) guards each.
+-- The fold of token events into `tokens` (issue 19). Called by
+-- events_project() (30_fold.sql) with a statement's events of the rare
+-- streams, so replay's feed table folds them too and, with the scratch schema
+-- first on the search path, rebuilds `tokens` like the other projections.
+-- Token events are rare (an operator's command): row by row is plenty, and
+-- the state machine ('token' in qforge.events.states) guards each.
 -- The secret's digest is not here (token_secrets, migration 0021): old events
 -- carry one, and the fold ignores it.
-CREATE OR REPLACE FUNCTION tokens_project() RETURNS trigger LANGUAGE plpgsql AS $$
+
+-- Once its own statement trigger: each costs every append a call (issue 33).
+DROP TRIGGER IF EXISTS tokens_project ON events;
+DROP FUNCTION IF EXISTS tokens_project();
+
+CREATE OR REPLACE FUNCTION tokens_fold(new_events events[]) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     e record;
     found_rows bigint;
 BEGIN
-    FOR e IN SELECT * FROM new_events x WHERE x.stream_type = 'token' ORDER BY x.position LOOP
+    FOR e IN SELECT * FROM unnest(new_events) x WHERE x.stream_type = 'token' ORDER BY x.position LOOP
         IF e.type = 'TokenCreated' AND e.version = 1 THEN
             PERFORM coalesce(state_target('token', NULL, e.type, NULL),
                              state_refuse('token', NULL, e.type, NULL, e.stream_id));
@@ -40,10 +45,7 @@ BEGIN
             END IF;
         END IF;
     END LOOP;
-    RETURN NULL;
 END $$;
-
-SELECT events_fold_with('tokens_project', 'tokens_project');
 
 -- Least privilege (issue 30): the processes' roles can neither read
 -- token_secrets nor the server's keys, nor append token events. These
@@ -68,7 +70,7 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- One token event (TokenCreated or TokenRevoked), chained to the head of its
--- stream, folded by tokens_project() in the same statement, and the secret's
+-- stream, folded by tokens_fold() in the same statement, and the secret's
 -- digest kept apart (a revoked token's digest is forgotten). The caller holds
 -- the token's row lock (token_lock).
 CREATE OR REPLACE FUNCTION token_write(caller_secret text, token_id uuid, token_version integer,

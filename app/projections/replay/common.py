@@ -56,7 +56,7 @@ PROJECTIONS = (
     Projection("jobs", fillfactor=30),
     Projection("execution_tags", verify_whole=True),
     Projection("tokens"),  # API tokens (migrations/0011, definitions/70_tokens.sql)
-    # flow control's settings (definitions/65_flow.sql, flow_project)
+    # flow control's settings (definitions/65_flow.sql, flow_fold)
     Projection("schedules", verify_whole=True),
     Projection("queue_settings", verify_whole=True),
     Projection("key_settings", verify_whole=True),  # per-key limits (migrations/0020)
