@@ -6,7 +6,6 @@ buffers (`completions`, `failures`), its running jobs and its database thread (`
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -33,67 +32,24 @@ class Stats:
     since: float = field(default_factory=time.monotonic)
 
 
-LANES = 4  # at most this many transactions of reports at once, each on its own connection
-
-
-def lanes(completions: list[Report], failures: list[Report]) -> list[tuple[list[Report], list[Report]]]:
-    """The reports as one transaction's, or, when they hold steps of two workflows or more, as up
-    to LANES that the worker writes at once on as many connections (its own and side ones): each
-    report of a code workflow's step runs the function and schedules what comes next in its
-    transaction, and a batch of them on one connection made each step wait for all the others'
-    round trips. A workflow's reports stay in one lane (its lock would make another wait), as do
-    reports of jobs of no workflow (a queue's batch: one transaction, as before). Lanes lock
-    disjoint workflows, and a sub-workflow that ends locks its parent without waiting (SKIP LOCKED)."""
-    keys = sorted({r.workflow_id for r in (*completions, *failures) if r.workflow_id}, key=str)
-    if len(keys) < 2:
-        return [(completions, failures)]
-    count = min(LANES, len(keys))
-    lane_of = {key: n % count for n, key in enumerate(keys)}
-    parts: list[tuple[list[Report], list[Report]]] = [([], []) for _ in range(count)]
-    for n, reports in enumerate((completions, failures)):
-        for report in reports:
-            parts[lane_of.get(report.workflow_id, 0)][n].append(report)
-    return parts
-
-
 class Exchanges:
     """Writing results, claiming jobs and heartbeating, each in as few round trips as it can."""
 
     async def _exchange(self, claim_limit: int = 0) -> None:
-        """Write the buffered results and claim up to `claim_limit` new jobs, in one transaction, or
-        in a few at once (see lanes) that share the claim."""
+        """Write the buffered results and claim up to `claim_limit` new jobs, in one transaction."""
         completions, failures = self.completions, self.failures
         self.completions, self.failures = [], []
         # Cleared before the round trip: a notification that lands meanwhile sets it again.
         self.claim_wanted = self.claim_wanted and not claim_limit
-        parts = lanes(completions, failures)
-        limits = [claim_limit // len(parts) + (n < claim_limit % len(parts)) for n in range(len(parts))]
         try:
-            results = await asyncio.gather(*(
-                self._db(self._exchange_sync, *part, limit) if n == 0
-                else self._side_db(n - 1, self._exchange_sync, *part, limit)
-                for n, (part, limit) in enumerate(zip(parts, limits))), return_exceptions=True)
-        except BaseException:  # cancelled: all kept, as below
-            results = [asyncio.CancelledError()] * len(parts)
-        error, claimed = None, 0
-        for (lane_completions, lane_failures), limit, result in zip(parts, limits, results):
-            if isinstance(result, BaseException):
-                # Kept for the next turn. If the lost round trip had committed, the
-                # retry is rejected by the (job_id, attempt) fence and changes nothing.
-                self.completions[:0] = lane_completions
-                self.failures[:0] = lane_failures
-                self.claim_wanted = self.claim_wanted or bool(limit)
-                error = error or result
-                continue
-            claimed += self._exchanged(*result, limit)
-        if error is not None:
-            raise error
-        if claim_limit and claimed < claim_limit:
-            await self._wait_for_work()  # after the jobs started: the row costs them nothing
-
-    def _exchanged(self, done: Outcome, failed: Outcome, written: list[Report], jobs: list[ClaimedJob],
-                   claim_limit: int) -> int:
-        """Account for one transaction's results and start the jobs it claimed (-> how many)."""
+            done, failed, written, jobs = await self._db(self._exchange_sync, completions, failures, claim_limit)
+        except BaseException:
+            # Kept for the next turn. If the lost round trip had committed, the
+            # retry is rejected by the (job_id, attempt) fence and changes nothing.
+            self.completions[:0] = completions
+            self.failures[:0] = failures
+            self.claim_wanted = self.claim_wanted or bool(claim_limit)
+            raise
         self.stats.succeeded += len(done.accepted)
         self.stats.failed += len(failed.accepted)
         if failed.retry_at is not None:
@@ -113,7 +69,8 @@ class Exchanges:
             log.debug("claimed %d jobs of %d", len(jobs), claim_limit)
         for job in jobs:
             self._start(job)
-        return len(jobs)
+        if claim_limit and len(jobs) < claim_limit:
+            await self._wait_for_work()  # after the jobs started: the row costs them nothing
 
     def _exchange_sync(self, conn: psycopg.Connection, completions: list[Report], failures: list[Report],
                        claim_limit: int) -> tuple[Outcome, Outcome, list[Report], list[ClaimedJob]]:

@@ -98,8 +98,6 @@ class Worker(Wakeups, Exchanges):
         self.db = Reconnecting(url, f"qforge-worker {name}",
                                setup=None if behind_pooler(self.settings) else plan_generically)
         self.db_thread = ThreadPoolExecutor(1, thread_name_prefix="qforge-db")
-        # The other lanes of reports (exchange.lanes), made on first use: most workers never need them.
-        self.side_dbs: list[tuple[Reconnecting, ThreadPoolExecutor]] = []
         # Runs of code workflows read their workflow's rows on a connection of their own, so a read
         # does not queue behind the exchanges (made on first use: most workers never need it).
         self.history_db: Reconnecting | None = None
@@ -157,9 +155,6 @@ class Worker(Wakeups, Exchanges):
                 loop.remove_signal_handler(signum)
             await loop.run_in_executor(self.db_thread, self.db.close)
             self.db_thread.shutdown()
-            for side, thread in self.side_dbs:
-                await loop.run_in_executor(thread, side.close)
-                thread.shutdown()
             if self.history_db is not None:
                 await loop.run_in_executor(self.history_thread, self.history_db.close)
             self.history_thread.shutdown()
@@ -221,15 +216,6 @@ class Worker(Wakeups, Exchanges):
         """Run `fn(conn, ...)` on the database thread."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.db_thread, functools.partial(self.db.run, fn, *args, **kwargs))
-
-    async def _side_db(self, n: int, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(conn, ...)` on side connection `n`'s thread (a lane of reports: exchange.lanes)."""
-        while len(self.side_dbs) <= n:
-            self.side_dbs.append((Reconnecting(self.url, f"qforge-worker {self.name} side",
-                                               setup=None if behind_pooler(self.settings) else plan_generically),
-                                  ThreadPoolExecutor(1, thread_name_prefix="qforge-db-side")))
-        side, thread = self.side_dbs[n]
-        return await asyncio.get_running_loop().run_in_executor(thread, functools.partial(side.run, fn, *args))
 
     # --- claiming and running -------------------------------------------------
 
