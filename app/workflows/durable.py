@@ -13,11 +13,9 @@ worker slot: between activations the function exists only in the log.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import json
-import threading
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterator
 
@@ -39,6 +37,7 @@ from qforge.events.transitions import (after, job_cancelled, job_created, job_di
                                        step_skipped, workflow_ended, workflow_resumed)
 from qforge import tracing
 from qforge.sql import q
+from qforge.workflows import inline as inline_runs
 from qforge.workflows import journal
 from qforge.workflows.definitions import get_definition
 from qforge.workflows.replay import STEP_OPS
@@ -73,10 +72,11 @@ class CodeWorkflowSpec(Storable):
 
 
 def activation_row(workflow_id: uuid.UUID, number: int, queue: str, tags: dict[str, str],
-                   due: datetime | None = None, trace: dict[str, str] | None = None) -> dict[str, Any]:
+                   due: datetime | None = None, trace: dict[str, str] | None = None,
+                   job_id: uuid.UUID | None = None) -> dict[str, Any]:
     data = ev.Enqueued(task=journal.TASK, queue=queue, max_retries=ACTIVATION_RETRIES, payload={"n": number},
                        step=f"@{number}", step_type=journal.ACTIVATION, run_at=due, trace=trace)
-    return job_row(new_id(), data, tags, workflow_id)
+    return job_row(job_id or new_id(), data, tags, workflow_id)
 
 
 def start_plan(spec: CodeWorkflowSpec, *, actor: str, now: datetime | None = None,
@@ -149,7 +149,7 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
     """Act on what the newest activation decided (the caller holds the workflow's lock); True when
     the workflow ended. `start_definition`: the engine's (a child may run a stored definition; the
     engine calls this module, so it hands its own starter in). `inline`: the next run may run here
-    (see inline_activations). `pending`: that run's events, appended with the next write."""
+    (see qforge.workflows.inline). `pending`: that run's events, appended with the next write."""
     pending = pending or []
     runs = journal.activations(rows)
     last = runs[-1]
@@ -192,16 +192,28 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
                                                          start_definition=start_definition)}
     # What it waited on may have finished while it ran (their advance found it running): wake it now.
     if all(name in finished for name in decided.get("waiting_on", [])):
-        runner = _INLINE.get() if inline and not rows_in else None
-        ran = runner is not None and _run_inline(runner, workflow, rows)
-        if isinstance(ran, dict):  # what it decided is acted on at once, as for a run that was a job
-            run, events = record_inline(workflow, ran, len(runs) + 1, last["queue"], trace)
-            return advance_code(conn, cur, workflow, [*rows, run], clock, now=now, actor=actor,
-                                start_definition=start_definition, inline=False, pending=events)
-        row = activation_row(workflow["id"], len(runs) + 1, last["queue"], workflow["tags"], due, trace)
-        if isinstance(ran, Future):  # still running: the job's run takes it over (adopt)
-            _pending_put(row["id"], ran)
-        cur.execute(q("job_enqueue"), {"jobs": json.dumps([row]), "actor": actor, "now": now})
+        return _wake(conn, cur, workflow, rows, clock, inline=inline and not rows_in, now=now, actor=actor,
+                     start_definition=start_definition)
+    return False
+
+
+def _wake(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]], clock: datetime, *, inline: bool,
+          now: datetime | None, actor: str, start_definition: Callable[..., uuid.UUID]) -> bool:
+    """The function's next run: here (inline) if it can, else as a job (advance_code)."""
+    runs, trace = journal.activations(rows), run_trace(rows)
+    number, queue = len(runs) + 1, runs[-1]["queue"]
+    runner = inline_runs.current() if inline else None
+    run_job = inline_runs.InlineRun(new_id(), f"@{number}", queue, workflow["id"], trace)  # its job, either way
+    ran = runner is not None and inline_runs.run(runner, workflow, rows, run_job)
+    if isinstance(ran, dict):  # what it decided is acted on at once, as for a run that was a job
+        run, events = record_inline(workflow, ran, number, queue, trace, run_job.id)
+        return advance_code(conn, cur, workflow, [*rows, run], clock, now=now, actor=actor,
+                            start_definition=start_definition, inline=False, pending=events)
+    row = activation_row(workflow["id"], number, queue, workflow["tags"], workflow["created_at"] - RUNNING_FIRST,
+                         trace, job_id=run_job.id)
+    if isinstance(ran, Future):  # still running: the job's run takes it over (adopt)
+        inline_runs.pending_put(row["id"], ran)
+    cur.execute(q("job_enqueue"), {"jobs": json.dumps([row]), "actor": actor, "now": now})
     return False
 
 
@@ -223,68 +235,10 @@ def _alone(workflow: dict[str, Any], rows: list[dict[str, Any]]) -> int | None:
     return len(rows)
 
 
-# Inline runs. Set by a worker around its reports (inline_activations): the next run of a code
-# workflow whose function this process has registered runs at once, against the rows the advance
-# has just read, and what it decides is written in the transaction of the report that woke it:
-# one transaction per step instead of two, no claim of the run and no read of its history. Its
-# log is a run's as a job leaves it (an activation row with its decisions), less the claim. The
-# function gets INLINE_SECONDS: one that takes longer (it is waiting on something, or the host is
-# busy) is not waited for in the transaction. The report commits with the run as a job, as
-# before, and the worker that claims that job adopts the run still going (adopt), so the
-# function runs once, and a crash from then on is a crash of that job.
-INLINE_SECONDS = 0.2
-# The runner a worker gives (qforge.workflows.activation.activate_inline): passed in, not imported,
-# since activation sits above the workers' task registry, which sits above this module.
-InlineRunner = Callable[[dict[str, Any], list[dict[str, Any]]], dict[str, Any] | None]
-_INLINE: contextvars.ContextVar[InlineRunner | None] = contextvars.ContextVar("qforge_inline_activations",
-                                                                             default=None)
-_inline_threads = ThreadPoolExecutor(32, thread_name_prefix="qforge-inline")
-_pending: dict[str, Future] = {}  # activation job id -> its inline run, still going when it was enqueued
-_pending_lock = threading.Lock()
-PENDING_KEPT = 256  # runs whose job another worker claimed (or whose report rolled back) are forgotten
-
-
-@contextlib.contextmanager
-def inline_activations(runner: InlineRunner) -> Iterator[None]:
-    token = _INLINE.set(runner)
-    try:
-        yield
-    finally:
-        _INLINE.reset(token)
-
-
-def _run_inline(runner: InlineRunner, workflow: dict[str, Any],
-                rows: list[dict[str, Any]]) -> dict[str, Any] | Future | None:
-    """The run's decisions; the Future of a run still going after INLINE_SECONDS; None when it must
-    run as a job (qforge.workflows.activation.activate_inline)."""
-    future = _inline_threads.submit(runner, workflow, rows)
-    try:
-        return future.result(timeout=INLINE_SECONDS)
-    except TimeoutError:
-        return future
-    except BaseException:  # noqa: BLE001  (SystemExit from the function: the job's run reports it)
-        return None
-
-
-def _pending_put(job_id: str, future: Future) -> None:
-    with _pending_lock:
-        _pending[job_id] = future
-        while len(_pending) > PENDING_KEPT:
-            del _pending[next(iter(_pending))]
-
-
-def adopt(job_id: uuid.UUID) -> Future | None:
-    """The inline run an activation job takes over (its result is the job's; None: the function
-    must run as a job after all), or None when there is none."""
-    with _pending_lock:
-        return _pending.pop(str(job_id), None)
-
-
 def record_inline(workflow: dict[str, Any], decided: dict[str, Any], number: int, queue: str,
-                  trace: dict[str, str] | None) -> tuple[dict[str, Any], list[NewEvent]]:
+                  trace: dict[str, str] | None, job_id: uuid.UUID) -> tuple[dict[str, Any], list[NewEvent]]:
     """An inline run as a succeeded activation: the run's row as the history reads it, and its
     events to append (Enqueued waiting, then Succeeded with its decisions)."""
-    job_id = new_id()
     enqueued = ev.Enqueued(task=journal.TASK, queue=queue, max_retries=ACTIVATION_RETRIES, payload={"n": number},
                            step=f"@{number}", step_type=journal.ACTIVATION, status=WAITING, run_at=NEVER,
                            trace=trace)
