@@ -15,6 +15,10 @@ pair runs under the same load), and the medians of each figure close the output,
 
 QForge: two `qforge worker --concurrency 16` processes. DBOS 3.x: one process, queues of 32 with a
 0.1 s polling interval (its default is 1 s), from the venv .venv-dbos (pip install dbos).
+Both run 32 things at once: QForge's 32 slots each hold a step or a run of the function while it
+runs (the workflows in flight are not capped, but sampled during a sequential run they stayed at
+about 32: running workflows' steps are claimed before new workflows' first runs), DBOS's queue runs
+32 workflows (each runs its steps in its own thread) and its second queue the fan-out's steps.
 """
 
 from __future__ import annotations
