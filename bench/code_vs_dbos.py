@@ -5,13 +5,20 @@ step-to-next-step latency p50/p99 (a step's start minus the end of the step it w
 taken inside the step functions).
 
     python bench/code_vs_dbos.py [--server-url postgresql://postgres@127.0.0.1:5432/postgres] [--count 1000]
-                                 [--repeat 3]
+                                 [--repeat 3] [--db-prefix NAME_]
+
+The databases are qf_code_bench and dbos_code_bench on the server, dropped and made again for
+each run (--db-prefix puts a prefix on both names: benchmarks of several worktrees on one server).
 
 With --repeat N each shape runs N times, QForge and DBOS in turn (a shared, noisy host: each
 pair runs under the same load), and the medians of each figure close the output, with the ratios.
 
 QForge: two `qforge worker --concurrency 16` processes. DBOS 3.x: one process, queues of 32 with a
 0.1 s polling interval (its default is 1 s), from the venv .venv-dbos (pip install dbos).
+Both run 32 things at once: QForge's 32 slots each hold a step or a run of the function while it
+runs (the workflows in flight are not capped, but sampled during a sequential run they stayed at
+about 32: running workflows' steps are claimed before new workflows' first runs), DBOS's queue runs
+32 workflows (each runs its steps in its own thread) and its second queue the fan-out's steps.
 """
 
 from __future__ import annotations
@@ -95,7 +102,7 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-def qforge_side(url: str, shape: str, count: int, admin_url: str) -> dict:
+def qforge_side(url: str, shape: str, count: int, admin_url: str, database: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(HERE), "QFORGE_POLL_INTERVAL_SECONDS": "1"}
     workers = [subprocess.Popen([str(QFORGE), "worker", "--database-url", url, "--concurrency", "16",
                                  "--tasks", "bench_code_tasks", "--name", f"bench-{i}"],
@@ -105,7 +112,7 @@ def qforge_side(url: str, shape: str, count: int, admin_url: str) -> dict:
         import qforge
         procs = [psutil.Process(w.pid) for w in workers]
         cpu_before = sum(sum(p.cpu_times()[:2]) for p in procs)
-        backends = BackendCpu(admin_url, "qf_code_bench").__enter__()
+        backends = BackendCpu(admin_url, database).__enter__()
         started = time.perf_counter()
         with psycopg.connect(url) as conn:
             ids = [qforge.start(conn, f"bench_{shape}") for _ in range(count)]
@@ -126,8 +133,8 @@ def qforge_side(url: str, shape: str, count: int, admin_url: str) -> dict:
             worker.wait(timeout=30)
 
 
-def dbos_side(url: str, shape: str, count: int, admin_url: str) -> dict:
-    with BackendCpu(admin_url, "dbos_code_bench") as backends:
+def dbos_side(url: str, shape: str, count: int, admin_url: str, database: str) -> dict:
+    with BackendCpu(admin_url, database) as backends:
         done = subprocess.run([str(DBOS_PYTHON), str(HERE / "peer_dbos_workflows.py"), url, shape, str(count)],
                               capture_output=True, text=True, check=True, timeout=3600)
         measured = json.loads(done.stdout.strip().splitlines()[-1])
@@ -155,17 +162,21 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--only", choices=["qforge", "dbos"], default=None)
+    parser.add_argument("--db-prefix", default="", help="a prefix for the names of both databases")
     args = parser.parse_args()
+    qf_db, dbos_db = f"{args.db_prefix}qf_code_bench", f"{args.db_prefix}dbos_code_bench"
     rows = []
     for _ in range(args.repeat):
         for shape in ("sequential", "fan_out"):
             if args.only in (None, "qforge"):
-                url = recreate(args.server_url, "qf_code_bench")
+                url = recreate(args.server_url, qf_db)
                 subprocess.run([str(QFORGE), "migrate", "--database-url", url], check=True, capture_output=True)
-                rows.append(report("qforge", shape, args.count, qforge_side(url, shape, args.count, args.server_url)))
+                rows.append(report("qforge", shape, args.count,
+                                   qforge_side(url, shape, args.count, args.server_url, qf_db)))
             if args.only in (None, "dbos"):
-                url = recreate(args.server_url, "dbos_code_bench")
-                rows.append(report("dbos", shape, args.count, dbos_side(url, shape, args.count, args.server_url)))
+                url = recreate(args.server_url, dbos_db)
+                rows.append(report("dbos", shape, args.count,
+                                   dbos_side(url, shape, args.count, args.server_url, dbos_db)))
     if args.repeat > 1:
         medians(rows)
 

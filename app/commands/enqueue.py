@@ -153,3 +153,11 @@ def job_row(job_id: uuid.UUID, data: Enqueued | dict[str, Any], tags: dict[str, 
         data = data.model_dump(mode="json", exclude_defaults=True)
     return {"id": str(job_id), "data": data, "tags": tags,
             "workflow_id": str(workflow_id) if workflow_id else None}
+
+
+def enqueued_event(row: dict[str, Any]) -> dict[str, Any]:
+    """A job_row as the row events_append takes: the Enqueued event job_enqueue would write for it
+    (its data as stored there), for a caller that appends it with other events in one statement."""
+    return {"stream_type": "job", "stream_id": row["id"], "version": 1, "type": Enqueued.type,
+            "schema_version": Enqueued.schema_version, "data": row["data"], "tags": row["tags"],
+            "workflow_id": row["workflow_id"], "actor": None}

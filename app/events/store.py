@@ -20,7 +20,11 @@ JOBS_CHANNEL = "qforge_jobs"
 def append(conn, events: Iterable[NewEvent], *, actor: str = "system",
            now: datetime | None = None) -> list[int]:
     """Append events (their streams locked by the caller); returns their positions."""
-    rows = [event.row() for event in events]
+    return append_rows(conn, [event.row() for event in events], actor=actor, now=now)
+
+
+def append_rows(conn, rows: list[dict], *, actor: str = "system", now: datetime | None = None) -> list[int]:
+    """append, for events already made rows (NewEvent.row(), or enqueue.enqueued_event)."""
     if not rows:
         return []
     with conn.cursor(row_factory=tuple_row) as cur:

@@ -14,7 +14,7 @@ from qforge.commands.report import Outcome, Report
 from qforge.workers.connection import TRANSIENT_ERRORS, describe
 from qforge.workers.tasks import RESULT_CHECK, TaskError
 from qforge.workflows.activation import activate_inline
-from qforge.workflows.durable import inline_activations
+from qforge.workflows.inline import inline_activations
 
 log = logging.getLogger("qforge.worker")
 
@@ -51,7 +51,7 @@ def write(conn: psycopg.Connection, completions: list[Report], failures: list[Re
     completions included), so the caller's log can name them. With `join`, the
     batches join the caller's transaction and a refused batch raises (the
     caller rolls back and writes again without `join`). A code workflow's function that a report
-    wakes runs in the report's transaction when this worker has it (durable.inline_activations).
+    wakes runs in the report's transaction when this worker has it (qforge.workflows.inline).
     """
     with inline_activations(activate_inline):
         return _write_both(conn, completions, failures, actor=actor, join=join)

@@ -50,7 +50,7 @@ from qforge.workers.executors import execute
 from qforge.workers.host import make_undumpable
 from qforge.workers.tasks import TaskContext, registered_task_names
 from qforge.workers.wakeups import Wakeups
-from qforge.workflows import activation, durable
+from qforge.workflows import activation, durable, inline
 from qforge.workflows import journal as code_journal
 
 log = logging.getLogger("qforge.worker")
@@ -252,8 +252,8 @@ class Worker(Wakeups, Exchanges):
     async def _execute(self, job: ClaimedJob) -> Any:
         if job.task == code_journal.TASK and job.workflow_id is not None:
             # a code workflow's function (qforge.workflows): replayed against the rows of its workflow,
-            # or already running since the report that enqueued this run (durable.adopt)
-            adopted = durable.adopt(job.id)
+            # or already running since the report that enqueued this run (inline.adopt)
+            adopted = inline.adopt(job.id)
             if adopted is not None and (result := await asyncio.wrap_future(adopted)) is not None:
                 return result
             workflow, rows = await self._read_history(job.workflow_id)

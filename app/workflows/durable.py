@@ -13,18 +13,16 @@ worker slot: between activations the function exists only in the log.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import json
-import threading
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterator
 
 from psycopg.rows import dict_row
 from pydantic import ConfigDict, Field, field_validator
 
-from qforge.commands.enqueue import job_row
+from qforge.commands.enqueue import enqueued_event, job_row
 from qforge.commands.errors import CommandError
 from qforge.commands.plan import Plan, Statement
 from qforge.commands.plan import run as plan_run
@@ -34,10 +32,12 @@ from qforge.events import types as ev
 from qforge.events.ids import new_id
 from qforge.events.states import (CANCELLED, DEAD, FAILED, JOB_ACTIVE, JOB_FINISHED, PENDING, RUNNING, SKIPPED,
                                   SUCCEEDED, WAITING)
+from qforge.events.types import NewEvent
 from qforge.events.transitions import (after, job_cancelled, job_created, job_died, job_succeeded, step_reopened,
                                        step_skipped, workflow_ended, workflow_resumed)
 from qforge import tracing
 from qforge.sql import q
+from qforge.workflows import inline as inline_runs
 from qforge.workflows import journal
 from qforge.workflows.definitions import get_definition
 from qforge.workflows.replay import STEP_OPS
@@ -72,10 +72,11 @@ class CodeWorkflowSpec(Storable):
 
 
 def activation_row(workflow_id: uuid.UUID, number: int, queue: str, tags: dict[str, str],
-                   due: datetime | None = None, trace: dict[str, str] | None = None) -> dict[str, Any]:
+                   due: datetime | None = None, trace: dict[str, str] | None = None,
+                   job_id: uuid.UUID | None = None) -> dict[str, Any]:
     data = ev.Enqueued(task=journal.TASK, queue=queue, max_retries=ACTIVATION_RETRIES, payload={"n": number},
                        step=f"@{number}", step_type=journal.ACTIVATION, run_at=due, trace=trace)
-    return job_row(new_id(), data, tags, workflow_id)
+    return job_row(job_id or new_id(), data, tags, workflow_id)
 
 
 def start_plan(spec: CodeWorkflowSpec, *, actor: str, now: datetime | None = None,
@@ -144,14 +145,14 @@ def step_event(op: dict[str, Any], clock: datetime, due: datetime | None = None,
 
 def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]], clock: datetime, *,
                  now: datetime | None, actor: str, start_definition: Callable[..., uuid.UUID],
-                 inline: bool = True) -> bool:
+                 inline: bool = True, pending: list[NewEvent] | None = None) -> bool:
     """Act on what the newest activation decided (the caller holds the workflow's lock); True when
     the workflow ended. `start_definition`: the engine's (a child may run a stored definition; the
     engine calls this module, so it hands its own starter in). `inline`: the next run may run here
-    (see inline_activations)."""
+    (see qforge.workflows.inline). `pending`: that run's events, appended with the next write."""
+    pending = pending or []
     runs = journal.activations(rows)
     last = runs[-1]
-    steps = {row["step"]: row for row in rows if not journal.is_activation(row)}
     if last["status"] in JOB_ACTIVE:
         return False  # the function is running, or about to: it will see what happened
     if last["status"] != SUCCEEDED:  # it crashed more often than it may, or was cancelled
@@ -161,8 +162,9 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
         return True
     decided = journal.decisions(last)
     if decided.get("outcome"):  # steps it started and never waited for do not run
-        _end(conn, workflow, rows, decided["outcome"], now=now, actor=actor)
+        _end(conn, workflow, rows, decided["outcome"], now=now, actor=actor, pending=pending)
         return True
+    steps = {row["step"]: row for row in rows if not journal.is_activation(row)}
     new = [op for op in decided.get("ops", []) if op.get("op") in STEP_OPS and op["step"] not in steps]
     # A running workflow's next step and run are due since just before the workflow started: among
     # equal priorities, work of older workflows is claimed before a backlog of newer ones (the
@@ -172,15 +174,17 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
     # is not the whole backlog's.
     due, trace = workflow["created_at"] - RUNNING_FIRST, run_trace(rows)
     rows_in = [job_row(new_id(), step_event(op, clock, due, trace), workflow["tags"], workflow["id"]) for op in new]
+    known = _alone(workflow, rows)
+    if rows_in and known is None:
+        pending = _append(conn, pending, [], actor=actor, now=now)  # the tree's count sees the run
     # A loop in the function cannot write more jobs than a fan-out could.
-    if rows_in and (over := over_job_cap(cur, workflow["id"], len(rows_in))):
+    if rows_in and (over := over_job_cap(cur, workflow["id"], len(rows_in), known=known)):
         problem = (f"too_many_jobs: {len(rows_in)} more steps would make the workflow's tree {over[0]} jobs,"
                    f" more than QFORGE_MAX_WORKFLOW_JOBS ({over[1]})")
         _end(conn, workflow, rows, {"status": "failed", "reason": "too_many_jobs", "error": problem},
-             now=now, actor=actor)
+             now=now, actor=actor, pending=pending)
         return True
-    if rows_in:
-        cur.execute(q("job_enqueue"), {"jobs": json.dumps(rows_in), "actor": actor, "now": now})
+    pending = _append(conn, pending, rows_in, actor=actor, now=now)
     finished = {name for name, row in steps.items() if row["status"] in JOB_FINISHED}
     finished |= {op["step"] for op, row in zip(new, rows_in)  # a child that could not start
                  if op["op"] == "child" and _start_child(conn, workflow, op, row["id"], last["queue"],
@@ -188,91 +192,63 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
                                                          start_definition=start_definition)}
     # What it waited on may have finished while it ran (their advance found it running): wake it now.
     if all(name in finished for name in decided.get("waiting_on", [])):
-        runner = _INLINE.get() if inline and not rows_in else None
-        ran = runner is not None and _run_inline(runner, workflow, rows)
-        if isinstance(ran, dict):  # what it decided is acted on at once, as for a run that was a job
-            run = record_inline(conn, workflow, ran, len(runs) + 1, last["queue"], trace, actor=actor, now=now)
-            return advance_code(conn, cur, workflow, [*rows, run], clock, now=now, actor=actor,
-                                start_definition=start_definition, inline=False)
-        row = activation_row(workflow["id"], len(runs) + 1, last["queue"], workflow["tags"], due, trace)
-        if isinstance(ran, Future):  # still running: the job's run takes it over (adopt)
-            _pending_put(row["id"], ran)
-        cur.execute(q("job_enqueue"), {"jobs": json.dumps([row]), "actor": actor, "now": now})
+        return _wake(conn, cur, workflow, rows, clock, inline=inline and not rows_in, now=now, actor=actor,
+                     start_definition=start_definition)
     return False
 
 
-# Inline runs. Set by a worker around its reports (inline_activations): the next run of a code
-# workflow whose function this process has registered runs at once, against the rows the advance
-# has just read, and what it decides is written in the transaction of the report that woke it:
-# one transaction per step instead of two, no claim of the run and no read of its history. Its
-# log is a run's as a job leaves it (an activation row with its decisions), less the claim. The
-# function gets INLINE_SECONDS: one that takes longer (it is waiting on something, or the host is
-# busy) is not waited for in the transaction. The report commits with the run as a job, as
-# before, and the worker that claims that job adopts the run still going (adopt), so the
-# function runs once, and a crash from then on is a crash of that job.
-INLINE_SECONDS = 0.2
-# The runner a worker gives (qforge.workflows.activation.activate_inline): passed in, not imported,
-# since activation sits above the workers' task registry, which sits above this module.
-InlineRunner = Callable[[dict[str, Any], list[dict[str, Any]]], dict[str, Any] | None]
-_INLINE: contextvars.ContextVar[InlineRunner | None] = contextvars.ContextVar("qforge_inline_activations",
-                                                                             default=None)
-_inline_threads = ThreadPoolExecutor(32, thread_name_prefix="qforge-inline")
-_pending: dict[str, Future] = {}  # activation job id -> its inline run, still going when it was enqueued
-_pending_lock = threading.Lock()
-PENDING_KEPT = 256  # runs whose job another worker claimed (or whose report rolled back) are forgotten
+def _wake(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]], clock: datetime, *, inline: bool,
+          now: datetime | None, actor: str, start_definition: Callable[..., uuid.UUID]) -> bool:
+    """The function's next run: here (inline) if it can, else as a job (advance_code)."""
+    runs, trace = journal.activations(rows), run_trace(rows)
+    number, queue = len(runs) + 1, runs[-1]["queue"]
+    runner = inline_runs.current() if inline else None
+    run_job = inline_runs.InlineRun(new_id(), f"@{number}", queue, workflow["id"], trace)  # its job, either way
+    ran = runner is not None and inline_runs.run(runner, workflow, rows, run_job)
+    if isinstance(ran, dict):  # what it decided is acted on at once, as for a run that was a job
+        run, events = record_inline(workflow, ran, number, queue, trace, run_job.id)
+        return advance_code(conn, cur, workflow, [*rows, run], clock, now=now, actor=actor,
+                            start_definition=start_definition, inline=False, pending=events)
+    row = activation_row(workflow["id"], number, queue, workflow["tags"], workflow["created_at"] - RUNNING_FIRST,
+                         trace, job_id=run_job.id)
+    if isinstance(ran, Future):  # still running: the job's run takes it over (adopt)
+        inline_runs.pending_put(row["id"], ran)
+    cur.execute(q("job_enqueue"), {"jobs": json.dumps([row]), "actor": actor, "now": now})
+    return False
 
 
-@contextlib.contextmanager
-def inline_activations(runner: InlineRunner) -> Iterator[None]:
-    token = _INLINE.set(runner)
-    try:
-        yield
-    finally:
-        _INLINE.reset(token)
+def _append(conn, pending: list[NewEvent], jobs: list[dict[str, Any]], *, actor: str,
+            now: datetime | None) -> list[NewEvent]:
+    """An inline run's events and the Enqueued events of new jobs (job_enqueue's rows: the same
+    events as job_enqueue writes), in one statement; nothing left pending (an empty list)."""
+    if pending or jobs:
+        store.append_rows(conn, [*(event.row() for event in pending), *map(enqueued_event, jobs)],
+                          actor=actor, now=now)
+    return []
 
 
-def _run_inline(runner: InlineRunner, workflow: dict[str, Any],
-                rows: list[dict[str, Any]]) -> dict[str, Any] | Future | None:
-    """The run's decisions; the Future of a run still going after INLINE_SECONDS; None when it must
-    run as a job (qforge.workflows.activation.activate_inline)."""
-    future = _inline_threads.submit(runner, workflow, rows)
-    try:
-        return future.result(timeout=INLINE_SECONDS)
-    except TimeoutError:
-        return future
-    except BaseException:  # noqa: BLE001  (SystemExit from the function: the job's run reports it)
+def _alone(workflow: dict[str, Any], rows: list[dict[str, Any]]) -> int | None:
+    """The jobs of the workflow's tree when `rows` are all of them (no parent, no sub-workflow: a
+    code workflow has no fan-out elements), else None (over_job_cap counts the tree)."""
+    if workflow.get("parent_workflow_id") or any(row["step_type"] == "workflow" for row in rows):
         return None
+    return len(rows)
 
 
-def _pending_put(job_id: str, future: Future) -> None:
-    with _pending_lock:
-        _pending[job_id] = future
-        while len(_pending) > PENDING_KEPT:
-            del _pending[next(iter(_pending))]
-
-
-def adopt(job_id: uuid.UUID) -> Future | None:
-    """The inline run an activation job takes over (its result is the job's; None: the function
-    must run as a job after all), or None when there is none."""
-    with _pending_lock:
-        return _pending.pop(str(job_id), None)
-
-
-def record_inline(conn, workflow: dict[str, Any], decided: dict[str, Any], number: int, queue: str,
-                  trace: dict[str, str] | None, *, actor: str, now: datetime | None) -> dict[str, Any]:
-    """Record an inline run as a succeeded activation (Enqueued waiting, then Succeeded with its
-    decisions); the run's row as the history reads it."""
-    job_id = new_id()
+def record_inline(workflow: dict[str, Any], decided: dict[str, Any], number: int, queue: str,
+                  trace: dict[str, str] | None, job_id: uuid.UUID) -> tuple[dict[str, Any], list[NewEvent]]:
+    """An inline run as a succeeded activation: the run's row as the history reads it, and its
+    events to append (Enqueued waiting, then Succeeded with its decisions)."""
     enqueued = ev.Enqueued(task=journal.TASK, queue=queue, max_retries=ACTIVATION_RETRIES, payload={"n": number},
                            step=f"@{number}", step_type=journal.ACTIVATION, status=WAITING, run_at=NEVER,
                            trace=trace)
     new_row = {"id": job_id, "version": 0, "status": None, "tags": workflow["tags"], "workflow_id": workflow["id"]}
     created = job_created(job_id, enqueued, workflow["tags"], workflow["id"])
     succeeded = job_succeeded(after(new_row, created), decided)
-    store.append(conn, [*created, *succeeded], actor=actor, now=now)
     return {"id": job_id, "step": enqueued.step, "step_type": journal.ACTIVATION, "task": journal.TASK,
             "status": SUCCEEDED, "result": decided, "payload": enqueued.payload, "queue": queue,
-            "tags": workflow["tags"], "trace": trace, "version": 2, "attempts": 0, "last_error": None}
+            "tags": workflow["tags"], "trace": trace, "version": 2, "attempts": 0, "last_error": None}, \
+        [*created, *succeeded]
 
 
 MAX_NESTING = 10  # as for graph workflows' sub-workflows
@@ -311,8 +287,9 @@ def _start_child(conn, workflow: dict[str, Any], op: dict[str, Any], job_id: str
 
 
 def _end(conn, workflow: dict[str, Any], rows: list[dict[str, Any]], outcome: dict[str, Any], *,
-         now: datetime | None, actor: str) -> None:
-    """The function returned (or failed): steps it started and never waited for are cancelled."""
+         now: datetime | None, actor: str, pending: list[NewEvent] | None = None) -> None:
+    """The function returned (or failed): steps it started and never waited for are cancelled
+    (`pending`: the events of the inline run that returned, appended first)."""
     workflow_id, rows_all = workflow["id"], rows
     with conn.cursor(row_factory=dict_row) as locking:  # a heartbeat may have moved them on: re-read locked
         locking.execute(q("job_lock"), {"ids": sorted(r["id"] for r in rows if r["status"] in JOB_ACTIVE)})
@@ -322,7 +299,7 @@ def _end(conn, workflow: dict[str, Any], rows: list[dict[str, Any]], outcome: di
               for event in (job_cancelled(r, reason) if r["status"] == RUNNING else step_skipped(r, reason))]
     events += workflow_ended(workflow, SUCCEEDED if outcome["status"] == SUCCEEDED else FAILED,
                              result=outcome.get("result"), error=outcome.get("error"), reason=outcome.get("reason"))
-    store.append(conn, events, actor=actor, now=now)
+    store.append(conn, [*(pending or []), *events], actor=actor, now=now)
     tracing.ended(run_trace(rows_all), "qforge.workflow.end", workflow_id=workflow_id, status=outcome["status"],
                   error=outcome.get("error"))
 

@@ -28,12 +28,16 @@ def wait_until(step_type: str, seconds: float | None, timeout: float | None, now
 def load(cur, workflow_id: uuid.UUID, *, elements: bool = True) -> tuple[dict, list[dict]]:
     """The workflow's row and its steps' job rows (with the elements of fan-out steps, unless
     elements=False)."""
-    cur.execute(q("workflow_get"), {"id": workflow_id})
-    workflow = cur.fetchone()
+    conn = cur.connection
+    # Both statements in one round trip (a pipeline): each advance of each workflow reads them.
+    with conn.cursor(row_factory=cur.row_factory) as steps:
+        with conn.pipeline():
+            cur.execute(q("workflow_get"), {"id": workflow_id})
+            steps.execute(q("workflow_steps" if elements else "workflow_step_rows"), {"id": workflow_id})
+        workflow, rows = cur.fetchone(), steps.fetchall()
     if workflow is None:
         raise NotFound(f"workflow {workflow_id} not found")
-    cur.execute(q("workflow_steps" if elements else "workflow_step_rows"), {"id": workflow_id})
-    return workflow, cur.fetchall()
+    return workflow, rows
 
 
 def lock_workflow(cur, workflow_id: uuid.UUID) -> dict:
@@ -63,14 +67,17 @@ def split_elements(rows: list[dict]) -> tuple[list[dict], dict[str, list[dict]]]
     return steps, elements
 
 
-def over_job_cap(cur, workflow_id: uuid.UUID, adding: int = 0) -> tuple[int, int] | None:
+def over_job_cap(cur, workflow_id: uuid.UUID, adding: int = 0, *, known: int | None = None) -> tuple[int, int] | None:
     """The one job cap: (jobs, limit) when the tree of `workflow_id` (its root's jobs and every
     sub-workflow's, fan-out elements and code workflows' activations included) with `adding`
     more jobs would hold more than QFORGE_MAX_WORKFLOW_JOBS, else None. A fan-out, a
     sub-workflow and a code workflow's new steps all ask it before they add jobs (each names the
     limit in its own words): 1,000 steps each starting 1,000 more would otherwise multiply a
-    small request into a billion jobs. `cur`: a dict_row cursor."""
+    small request into a billion jobs. `cur`: a dict_row cursor. `known`: the tree's jobs when the
+    caller holds them all (a workflow alone in its tree, its rows locked and read): no count then."""
     limit = get_settings().max_workflow_jobs
-    cur.execute(q("workflow_tree_job_count"), {"id": workflow_id})
-    jobs = cur.fetchone()["count"] + adding
+    if known is None:
+        cur.execute(q("workflow_tree_job_count"), {"id": workflow_id})
+        known = cur.fetchone()["count"]
+    jobs = known + adding
     return (jobs, limit) if jobs > limit else None
