@@ -192,37 +192,44 @@ class Bench:
 
     # --- latency ------------------------------------------------------------------
 
-    def latency(self, system: System, *, jobs: int, interval: float, repeat: int,
-                warmup_jobs: int = 20, timeout: float = 120) -> list[dict[str, float]]:
-        """Idle workers; jobs enqueued one at a time; start time recorded inside the task."""
+    def start_latency(self, system: System) -> "LatencyWorkers":
+        """Idle workers of `system` for latency rounds (`latency_round`), started once; stop them
+        with `stop_workers(session.workers)`."""
         latency_dir = self.log_dir / f"latency-{system.name}"
         latency_dir.mkdir(exist_ok=True)
-        env = {"BENCH_LATENCY_DIR": str(latency_dir)}
-        workers = self.start_workers(system, env)
-        results = []
-        try:
-            for round_index, round_jobs in enumerate([warmup_jobs] + [jobs] * repeat):
-                for stale in latency_dir.glob("latency-*.txt"):
-                    stale.unlink()
-                self.driver(system, "latency", "--jobs", str(round_jobs), "--interval", str(interval),
-                            "--latency-dir", str(latency_dir))
-                deadline = time.monotonic() + timeout
-                while True:
-                    values = read_latency_files(latency_dir.glob("latency-*.txt"))
-                    if len(values) >= round_jobs:
-                        break
-                    self._check_alive(system, workers)
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{system.name}: {len(values)} of {round_jobs} latency jobs ran")
-                    time.sleep(0.05)
-                if round_index == 0:
-                    continue  # the warm-up round: workers connected, caches and plans warm
-                values.sort()
-                results.append({"p50_ms": percentile(values, 0.50), "p99_ms": percentile(values, 0.99),
-                                "max_ms": values[-1], "jobs": len(values)})
-        finally:
-            self.stop_workers(workers)
-        return results
+        return LatencyWorkers(system, latency_dir,
+                              self.start_workers(system, {"BENCH_LATENCY_DIR": str(latency_dir)}))
+
+    def latency_round(self, session: "LatencyWorkers", *, jobs: int, interval: float,
+                      timeout: float = 120) -> dict[str, float]:
+        """One round: `jobs` enqueued one at a time, `interval` apart, to idle workers; each task
+        records its start time; p50, p99 and max of start - enqueue."""
+        system, latency_dir = session.system, session.latency_dir
+        for stale in latency_dir.glob("latency-*.txt"):
+            stale.unlink()
+        self.driver(system, "latency", "--jobs", str(jobs), "--interval", str(interval),
+                    "--latency-dir", str(latency_dir))
+        deadline = time.monotonic() + timeout
+        while True:
+            values = read_latency_files(latency_dir.glob("latency-*.txt"))
+            if len(values) >= jobs:
+                break
+            self._check_alive(system, session.workers)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{system.name}: {len(values)} of {jobs} latency jobs ran")
+            time.sleep(0.05)
+        values.sort()
+        return {"p50_ms": percentile(values, 0.50), "p99_ms": percentile(values, 0.99),
+                "max_ms": values[-1], "jobs": len(values)}
+
+
+@dataclass
+class LatencyWorkers:
+    """A system's idle workers for the latency rounds, and where their tasks write start times."""
+
+    system: System
+    latency_dir: Path
+    workers: list[subprocess.Popen]
 
 
 def python_of(venv: Path) -> str:

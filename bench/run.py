@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
 import psycopg  # noqa: E402
 
-from common import parse_result, start_api, summarize  # noqa: E402
+from common import in_turns, parse_result, start_api, summarize  # noqa: E402
 from harness import Bench, System, ensure_venv, python312, python_of  # noqa: E402
 from perf_profile import Recording  # noqa: E402
 from qf_history import KEPT_HISTORY  # noqa: E402
@@ -158,17 +158,35 @@ def run_drain(bench: Bench, systems: dict[str, System], args: argparse.Namespace
         "raw": parts} for name, parts in raw.items()}
 
 
-def run_latency(bench: Bench, systems: dict[str, System], args: argparse.Namespace) -> dict[str, Any]:
-    out = {}
-    for name, system in systems.items():
-        bench.fresh_database(system.database)
-        bench.driver(system, "setup")
-        reps = bench.latency(system, jobs=args.latency_jobs, interval=args.latency_interval,
-                             repeat=args.repeat)
-        out[name] = {"p50_ms": summarize([r["p50_ms"] for r in reps]),
-                     "p99_ms": summarize([r["p99_ms"] for r in reps]), "raw": reps}
-        log(f"{name} latency: p50 {out[name]['p50_ms']['median']:.1f} ms, "
-            f"p99 {out[name]['p99_ms']['median']:.1f} ms")
+def run_latency(bench: Bench, systems: dict[str, System], args: argparse.Namespace,
+                warmup_jobs: int = 20) -> dict[str, Any]:
+    """Figure 3. Every system's workers are started once and stay idle between rounds; the rounds
+    alternate across systems, round by round, who goes first turning each round (in_turns), so
+    that a noisy minute of the shared machine does not fall on one system only. Round 0 is the
+    warm-up (workers connected, caches and plans warm) and is not counted."""
+    sessions = {}
+    try:
+        for name, system in systems.items():
+            bench.fresh_database(system.database)
+            bench.driver(system, "setup")
+            sessions[name] = bench.start_latency(system)
+        reps: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
+        for round_index in range(args.repeat + 1):
+            for name in in_turns(list(sessions), round_index):
+                measured = bench.latency_round(sessions[name], interval=args.latency_interval,
+                                               jobs=args.latency_jobs if round_index else warmup_jobs)
+                if round_index:
+                    reps[name].append(measured)
+                    log(f"{name} latency round {round_index}: p50 {measured['p50_ms']:.1f} ms,"
+                        f" p99 {measured['p99_ms']:.1f} ms")
+    finally:
+        for session in sessions.values():
+            bench.stop_workers(session.workers)
+    out = {name: {"p50_ms": summarize([r["p50_ms"] for r in rounds]),
+                  "p99_ms": summarize([r["p99_ms"] for r in rounds]), "raw": rounds}
+           for name, rounds in reps.items()}
+    for name, figures in out.items():
+        log(f"{name} latency: p50 {figures['p50_ms']['median']:.1f} ms, p99 {figures['p99_ms']['median']:.1f} ms")
     return out
 
 
