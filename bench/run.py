@@ -332,19 +332,24 @@ def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
 
         for rep in range(args.repeat):
             # One subscriber, then many, at the same rate: the goal is their ratio in each repetition.
-            single = one_run(1)
-            result = one_run(args.sse_subscribers)
-            result["single_p99_ms"] = single["p99_ms"]
-            result["single"] = single
-            result["ratio_p99"] = result["p99_ms"] / max(single["p99_ms"], 0.001)
-            reps.append(result)
-            log(f"sse rep {rep + 1}: {result['subscribers']} subscribers, {result['appended_events_per_s']:.0f}"
-                f" events/s, p99 lag {result['p99_ms']:.0f} ms (1 subscriber: {single['p99_ms']:.0f} ms,"
-                f" ratio {result['ratio_p99']:.2f}), complete={result['complete']}; CPU µs per message"
-                f" delivered: API {result['api_cpu_us_per_message']:.1f} (1 subscriber:"
-                f" {single['api_cpu_us_per_message']:.1f}), client {result['client_cpu_us_per_message']:.1f};"
-                f" another database held an xid for up to {result['foreign_xid_held_s']:.1f} s"
-                f" (1 subscriber: {single['foreign_xid_held_s']:.1f} s)")
+            # A repetition during which another database held an xid longer than
+            # --sse-foreign-xid-limit measures that neighbour (ForeignXminWatch): it is done again,
+            # up to --sse-retries times, and what was set aside stays in the JSON ("set_aside").
+            set_aside = []
+            while True:
+                single = one_run(1)
+                result = one_run(args.sse_subscribers)
+                held = max(single["foreign_xid_held_s"], result["foreign_xid_held_s"])
+                result.update(single_p99_ms=single["p99_ms"], single=single,
+                              ratio_p99=result["p99_ms"] / max(single["p99_ms"], 0.001),
+                              foreign_xid_limit_exceeded=held > args.sse_foreign_xid_limit)
+                log_sse_repetition(rep, result)
+                if not result["foreign_xid_limit_exceeded"] or len(set_aside) >= args.sse_retries:
+                    break
+                set_aside.append(result)
+                log(f"sse rep {rep + 1}: another database held an xid for {held:.2f} s"
+                    f" (> {args.sse_foreign_xid_limit} s): measured again")
+            reps.append({**result, "set_aside": set_aside})
     finally:
         if api is not None:
             bench.stop_workers([api])
@@ -357,6 +362,18 @@ def run_sse(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
             "api_cpu_us_per_message": summarize([r["api_cpu_us_per_message"] for r in reps]),
             "single_api_cpu_us_per_message": summarize([r["single"]["api_cpu_us_per_message"] for r in reps]),
             "subscribers": args.sse_subscribers, "rate": args.sse_rate, "seconds": args.sse_seconds, "raw": reps}
+
+
+def log_sse_repetition(rep: int, result: dict[str, Any]) -> None:
+    single = result["single"]
+    log(f"sse rep {rep + 1}: {result['subscribers']} subscribers, {result['appended_events_per_s']:.0f}"
+        f" events/s, p99 lag {result['p99_ms']:.0f} ms (1 subscriber: {single['p99_ms']:.0f} ms,"
+        f" ratio {result['ratio_p99']:.2f}), complete={result['complete']}; p99 by the client's clock"
+        f" {result['read_p99_ms']:.0f} ms (1 subscriber: {single['read_p99_ms']:.0f}); CPU µs per message"
+        f" delivered: API {result['api_cpu_us_per_message']:.1f} (1 subscriber:"
+        f" {single['api_cpu_us_per_message']:.1f}), client {result['client_cpu_us_per_message']:.1f};"
+        f" another database held an xid for up to {result['foreign_xid_held_s']:.1f} s"
+        f" (1 subscriber: {single['foreign_xid_held_s']:.1f} s)")
 
 
 def run_replay(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
@@ -447,6 +464,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sse-subscribers", type=int, default=100)
     parser.add_argument("--sse-rate", type=int, default=1000, help="events appended per second")
     parser.add_argument("--sse-seconds", type=float, default=10.0)
+    parser.add_argument("--sse-foreign-xid-limit", type=float, default=0.1,
+                        help="an SSE repetition during which another database held an xid longer than this"
+                             " (s) is measured again: a gapless reader waits for every older transaction of"
+                             " the cluster, so it measured that neighbour")
+    parser.add_argument("--sse-retries", type=int, default=2, help="how many times one SSE repetition is redone")
     parser.add_argument("--scale-events", type=int, default=50_000_000,
                         help="events in the scale part's large history (bench/qf_scale.py)")
     parser.add_argument("--scale-pack", action="append", default=[], choices=("closed", "all"),
