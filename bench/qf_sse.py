@@ -35,7 +35,6 @@ OCCURRED_AT = re.compile(rb'"occurred_at":\s*"([^"]+)"')
 # A message's first line (complete text starts at a message: see data_received). A
 # literal first: re finds it by a fast scan, where a MULTILINE ^ tries every position.
 EVENT_ID = re.compile(rb"\nid: ?([0-9]+-[0-9]+)\r?\n")
-OCCURRED_MEMO = 4096  # occurred_at texts remembered (an appended batch of 10 shares one)
 # Linux's receive time stamps (socket(7)); Python's socket module does not name them.
 SO_TIMESTAMPNS = SCM_TIMESTAMPNS = 35
 READ_BYTES = 1 << 18
@@ -48,27 +47,26 @@ def message_end(text: bytes) -> int:
 
 
 class Subscriber:
-    """One SSE connection's reader: undoes chunked encoding, splits messages, records lags and ids."""
+    """One SSE connection's reader: undoes chunked encoding, splits messages, keeps per read its
+    times and its messages' occurred_at texts (lags are worked out after the run: lags_of), and
+    every id received."""
 
-    def __init__(self, lags: list[float], ready: asyncio.Event, counter: list[int],
-                 occurred: dict[bytes, float], read_lags: list[float] | None = None) -> None:
-        self.lags = lags  # from the kernel's receive time stamp
-        self.read_lags = lags if read_lags is None else read_lags  # from the clock when Python read it
+    def __init__(self, ready: asyncio.Event, counter: list[int]) -> None:
         self.ready = ready
         self.counter = counter
-        self.occurred = occurred  # occurred_at text -> epoch seconds, shared by the subscribers
         self.headers_done = False
         self.raw = b""  # bytes not yet de-chunked
         self.chunk_left = 0  # bytes of the current chunk still to come
         self.text = b""  # de-chunked bytes not yet split into messages
         self.ids: list[bytes] = []  # every event id received, in order (checked at the end)
+        # (reached the socket, read by the client, the occurred_at texts of its messages) per read
+        self.reads: list[tuple[float, float, list[bytes]]] = []
         self.messages = 0
         self.status = b""
 
     def data_received(self, data: bytes, arrived: float | None = None) -> None:
         """`arrived`: when `data` reached the socket (the kernel's stamp); else the clock, now."""
         now = time.time()
-        arrived = now if arrived is None else arrived
         self.raw = self.raw + data if self.raw else data
         if not self.headers_done:
             end = self.raw.find(b"\r\n\r\n")
@@ -92,16 +90,7 @@ class Subscriber:
         occurred_texts = OCCURRED_AT.findall(complete)
         if len(ids) != len(occurred_texts):
             raise RuntimeError(f"{len(ids)} ids but {len(occurred_texts)} occurred_at in one read")
-        occurred = self.occurred
-        for text in occurred_texts:
-            at = occurred.get(text)
-            if at is None:
-                if len(occurred) >= OCCURRED_MEMO:
-                    occurred.clear()
-                at = occurred[text] = datetime.fromisoformat(text.decode()).timestamp()
-            self.lags.append((arrived - at) * 1000.0)
-            if self.read_lags is not self.lags:
-                self.read_lags.append((now - at) * 1000.0)
+        self.reads.append((now if arrived is None else arrived, now, occurred_texts))
         self.ids += ids
         self.messages += len(ids)
 
@@ -171,16 +160,32 @@ async def connect(port: int, protocol: Subscriber) -> None:
                                    "Accept: text/event-stream\r\n\r\n").encode())
 
 
+def lags_of(subscribers: list[Subscriber]) -> tuple[list[float], list[float]]:
+    """Every message's lag in ms, sorted: from when it reached the socket, and from when the client
+    read it. (Worked out once the run is over: the client's work while it runs competes with
+    the server for the machine's cores.)"""
+    occurred: dict[bytes, float] = {}  # occurred_at text -> epoch seconds (a batch of 10 shares one)
+    lags, read_lags = [], []
+    for subscriber in subscribers:
+        for arrived, read, texts in subscriber.reads:
+            for text in texts:
+                at = occurred.get(text)
+                if at is None:
+                    at = occurred[text] = datetime.fromisoformat(text.decode()).timestamp()
+                lags.append((arrived - at) * 1000.0)
+                read_lags.append((read - at) * 1000.0)
+    lags.sort()
+    read_lags.sort()
+    return lags, read_lags
+
+
 async def subscribe(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     ready = asyncio.Event()
     counter = [0, args.subscribers]
-    lags: list[float] = []
-    read_lags: list[float] = []
-    occurred: dict[bytes, float] = {}
     protocols = []
     for _ in range(args.subscribers):
-        protocol = Subscriber(lags, ready, counter, occurred, read_lags)
+        protocol = Subscriber(ready, counter)
         await connect(args.port, protocol)
         protocols.append(protocol)
     await asyncio.wait_for(ready.wait(), 60)
@@ -195,8 +200,7 @@ async def subscribe(args: argparse.Namespace) -> None:
         await asyncio.sleep(0.05)
     client_cpu = time.process_time() - cpu_started
     counts = sorted(p.messages for p in protocols)
-    lags.sort()
-    read_lags.sort()
+    lags, read_lags = lags_of(protocols)
     emit({"subscribers": args.subscribers, "messages": len(lags), "expected_each": expected,
           "complete": counts[0] >= expected, **delivery_check(protocols, expected),
           "per_subscriber_min": counts[0], "per_subscriber_max": counts[-1],
