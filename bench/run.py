@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
 import psycopg  # noqa: E402
 
-from common import in_turns, parse_result, start_api, summarize  # noqa: E402
+from common import CpuWindow, descendants_of, in_turns, parse_result, start_api, summarize  # noqa: E402
 from harness import Bench, System, ensure_venv, python312, python_of  # noqa: E402
 from perf_profile import Recording  # noqa: E402
 from qf_history import KEPT_HISTORY  # noqa: E402
@@ -173,12 +173,18 @@ def run_latency(bench: Bench, systems: dict[str, System], args: argparse.Namespa
         reps: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
         for round_index in range(args.repeat + 1):
             for name in in_turns(list(sessions), round_index):
+                # what the other systems' idle workers cost meanwhile (their polling, if any)
+                idle = CpuWindow({"idle": descendants_of(p.pid for other, session in sessions.items()
+                                                         if other != name for p in session.workers)})
                 measured = bench.latency_round(sessions[name], interval=args.latency_interval,
                                                jobs=args.latency_jobs if round_index else warmup_jobs)
+                used = idle.stop()
+                measured["others_idle_workers_cores"] = used["idle_cpu_s"] / used["wall_s"]
                 if round_index:
                     reps[name].append(measured)
                     log(f"{name} latency round {round_index}: p50 {measured['p50_ms']:.1f} ms,"
-                        f" p99 {measured['p99_ms']:.1f} ms")
+                        f" p99 {measured['p99_ms']:.1f} ms (the others' idle workers:"
+                        f" {measured['others_idle_workers_cores']:.2f} cores)")
     finally:
         for session in sessions.values():
             bench.stop_workers(session.workers)
