@@ -27,6 +27,7 @@ from qforge.workflows import engine
 from qforge.commands.specs import WorkflowSpec
 
 from cluster_procs import start_api
+from openapi_check import assert_matches
 from test_worker_support import procs, role_url, scalar, tasks_dir, wait_for  # noqa: F401  (fixtures)
 
 
@@ -167,10 +168,18 @@ def test_a_job_enqueued_through_the_api_starts_on_a_waiting_worker(conn, procs) 
              message="the worker to wait for work")
     _, base = start_api(procs)
     with httpx.Client(base_url=base, timeout=30) as api:
+        spec = api.get("/openapi.json").json()
         for n in range(5):
-            job_id = UUID(api.post("/jobs", json={"task": "echo", "payload": {"n": n}}).json()["id"])
+            created = api.post("/jobs", json={"task": "echo", "payload": {"n": n}})
+            assert created.status_code == 201, created.text
+            assert_matches(spec, "POST", "/jobs", 201, created.json())
+            job_id = UUID(created.json()["id"])
             wait_for(lambda: api.get(f"/jobs/{job_id}").json()["status"] == "succeeded", timeout=10,
                      message="the job to run", interval=0.01)
+            events = api.get(f"/jobs/{job_id}/events")
+            assert_matches(spec, "GET", "/jobs/{job_id}/events", 200, events.json())
+            assert [e["type"] for e in events.json()["events"]] == ["Enqueued", "Claimed", "Succeeded"]
+            assert events.json()["events"][1]["actor"] == "quick"
             wait_for(lambda: scalar(conn, "SELECT count(*) FROM job_waiters WHERE worker = 'quick'"), timeout=10,
                      message="the worker to wait again", interval=0.01)
     claimed = conn.execute("SELECT count(*) AS n, count(*) FILTER (WHERE c.xid = e.xid) AS same FROM events e"

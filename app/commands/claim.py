@@ -74,10 +74,9 @@ def claim(conn, queues: list[str], limit: int, worker: str, *,
 def handed(item: dict[str, Any]) -> ClaimedJob:
     """A job claimed for this worker by the statement that created it (jobs_hand, 34_wake.sql),
     from one element of its notification: what a claim returns, as JSON."""
-    return frozen_record(ClaimedJob, {"id": UUID(item["id"]), "task": item["task"], "queue": item["queue"],
-                                      "payload": item["payload"], "attempt": item["attempt"],
-                                      "timeout_seconds": item["timeout_seconds"], "workflow_id": None,
-                                      "step": item["step"], "tags": item["tags"], "trace": item["trace"]})
+    values = {name: item.get(name) for name in _CLAIMED_FIELDS}  # no workflow_id: never a step's
+    values["id"] = UUID(values["id"])
+    return frozen_record(ClaimedJob, values)
 
 
 def handed_by_id(conn, ids: list[UUID], worker: str) -> list[ClaimedJob]:

@@ -130,6 +130,8 @@ BEGIN
                AND j.concurrency_key IS NULL AND j.fairness_key IS NULL
                FOR UPDATE SKIP LOCKED
         ), claimed AS (
+            -- the Claimed events as job_claim_record (app/sql/jobs.sql) appends them: same data, same
+            -- chain (tests/test_hand.py verifies the audit's chains and the replay over them)
             INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
             SELECT 'job', p.id, p.version + 1, 'Claimed', p.data, p.workflow_id, now(), waiter.worker,
                    event_hash_fixed(p.chain, p.id, p.version + 1,
