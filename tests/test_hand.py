@@ -10,7 +10,9 @@ path as before, and the log still replays to the live tables and verifies.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from uuid import UUID
 
 import httpx
@@ -23,6 +25,8 @@ from qforge.commands.enqueue import JobSpec, enqueue
 from qforge.commands.queues import QueueSettingsSpec, configure_queue
 from qforge.commands.report import Report, complete
 from qforge.projections.replay import verify as replay_verify
+from qforge.settings import Settings
+from qforge.workers.worker import Worker
 from qforge.workflows import engine
 from qforge.commands.specs import WorkflowSpec
 
@@ -186,4 +190,40 @@ def test_a_job_enqueued_through_the_api_starts_on_a_waiting_worker(conn, procs) 
                            " JOIN events c ON c.stream_id = e.stream_id AND c.type = 'Claimed'"
                            " WHERE e.type = 'Enqueued'").fetchone()
     assert claimed == {"n": 5, "same": 5}
+    assert replay_verify(conn) == []
+
+
+def test_a_job_handed_while_the_worker_claims_finds_the_claims_slot_taken(db_url, conn, listener) -> None:
+    """The slots a claim may fill are the worker's before its round trip: a job handed meanwhile is
+    handed back, not started in a slot the claim then fills as well (CI, stop 40: IndexError)."""
+    first = enqueue(conn, [JobSpec(task="echo", payload={"n": 1})], actor="api")[0].id  # nobody waits: pending
+    _wait_as(conn, listener, worker="racing", slots=1)
+    second = enqueue(conn, [JobSpec(task="echo", payload={"n": 2})], actor="api")[0].id  # handed to "racing"
+    [(_, payload)] = _notes(listener)
+    worker = Worker(db_url, name="racing", queues=["default"], concurrency=1,
+                    settings=Settings(database_url=db_url, api_token=None))
+
+    async def race() -> None:
+        worker.wake = asyncio.Event()
+        gate = threading.Event()
+        worker.db_thread.submit(gate.wait)  # the claim's round trip is under way, not yet answered
+        claiming = asyncio.create_task(worker._exchange(1))
+        await asyncio.sleep(0)
+        worker._handed(payload)  # the hand lands during the claim
+        gate.set()
+        await claiming
+        await asyncio.gather(*worker.passing)
+        await asyncio.gather(*(run.task for run in list(worker.running.values())))
+
+    try:
+        asyncio.run(race())
+        worker.db.close()
+    finally:
+        worker.db_thread.shutdown()
+        worker.task_threads.shutdown()
+    assert worker.free_slots == [0] and [r.job_id for r in worker.completions] == [first]
+    types = [r["type"] for r in conn.execute("SELECT type FROM events WHERE stream_id = %s ORDER BY version",
+                                             (second,)).fetchall()]
+    assert types == ["Enqueued", "Claimed", "Released"]
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", second) == "pending"
     assert replay_verify(conn) == []

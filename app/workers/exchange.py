@@ -39,6 +39,10 @@ class Exchanges:
         """Write the buffered results and claim up to `claim_limit` new jobs, in one transaction."""
         completions, failures = self.completions, self.failures
         self.completions, self.failures = [], []
+        # The slots the claim may fill, taken before the round trip: jobs handed to this worker
+        # meanwhile (wakeups._handed) find them gone and are handed back, not started twice over.
+        slots = [self.free_slots.pop() for _ in range(min(claim_limit, len(self.free_slots)))]
+        claim_limit = len(slots)
         # Cleared before the round trip: a notification that lands meanwhile sets it again.
         self.claim_wanted = self.claim_wanted and not claim_limit
         try:
@@ -48,6 +52,7 @@ class Exchanges:
             # retry is rejected by the (job_id, attempt) fence and changes nothing.
             self.completions[:0] = completions
             self.failures[:0] = failures
+            self.free_slots.extend(reversed(slots))
             self.claim_wanted = self.claim_wanted or bool(claim_limit)
             raise
         self.stats.succeeded += len(done.accepted)
@@ -67,8 +72,9 @@ class Exchanges:
             self.claim_wanted = True  # a full batch: more are probably waiting
         if claim_limit:
             log.debug("claimed %d jobs of %d", len(jobs), claim_limit)
-        for job in jobs:
-            self._start(job)
+        for job, slot in zip(jobs, slots):
+            self._start(job, slot)
+        self.free_slots.extend(reversed(slots[len(jobs):]))
         if claim_limit and len(jobs) < claim_limit:
             await self._wait_for_work()  # after the jobs started: the row costs them nothing
 
