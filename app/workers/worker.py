@@ -223,8 +223,8 @@ class Worker(Wakeups, Exchanges):
 
     def _start(self, job: ClaimedJob, slot: int | None = None) -> None:
         """Run `job` in `slot` (one the caller has taken), else in a free one."""
-        run = Running(job=job, slot=self.free_slots.pop() if slot is None else slot, started_at=datetime.now(timezone.utc),
-                      beat_at=time.monotonic())
+        run = Running(job=job, slot=self.free_slots.pop() if slot is None else slot,
+                      started_at=datetime.now(timezone.utc), beat_at=time.monotonic())
         self.running[job.id] = run
         run.task = asyncio.create_task(self._run_job(run))
 
