@@ -70,7 +70,9 @@ def test_wheel_runs_qforge_dev_from_an_empty_folder(installed: Path, scratch_dir
         assert process.poll() is None, output()
         for path in ("/", "/js/states.js", "/app.js", "/js/api.js", "/styles.css"):
             assert httpx.get(url + path).status_code == 200, path
-        job = httpx.post(f"{url}/jobs", json={"task": "add", "payload": {"a": 1, "b": 2}}).json()
+        created = httpx.post(f"{url}/jobs", json={"task": "add", "payload": {"a": 1, "b": 2}})
+        assert created.status_code == 201, (created.text, output())
+        job = created.json()
         done = wait_until(lambda: (j := httpx.get(f"{url}/jobs/{job['id']}").json())["status"]
                           == "succeeded" and j, 60, "the job to run")
         assert done["result"] == 3
