@@ -461,7 +461,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-interval", type=float, default=0.01, help="seconds between single enqueues")
     parser.add_argument("--history-jobs", type=int, default=10_000_000,
                         help="finished jobs in the large history (3 events each)")
-    parser.add_argument("--claim-jobs", type=int, default=20_000, help="pending jobs claimed per measurement")
+    parser.add_argument("--claim-jobs", type=int, default=60_000,
+                        help="pending jobs claimed per measurement (long enough that a repetition's ratio is"
+                             " not the noise of a few seconds on a shared machine)")
     parser.add_argument("--keep-history", action="store_true",
                         help="write the history to qf_bench_history and keep it afterwards")
     parser.add_argument("--reuse-history", action="store_true",
