@@ -13,6 +13,7 @@ worker slot: between activations the function exists only in the log.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import uuid
 from concurrent.futures import Future
@@ -184,7 +185,10 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
         _end(conn, workflow, rows, {"status": "failed", "reason": "too_many_jobs", "error": problem},
              now=now, actor=actor, pending=pending)
         return True
-    pending = _append(conn, pending, rows_in, actor=actor, now=now)
+    # Alone in its tree, with no sub-workflow to start, nothing reads its new rows before the
+    # advance ends: they go in with the other workflows' (deferred_appends).
+    defer = known is not None and not any(op["op"] == "child" for op in new)
+    pending = _append(conn, pending, rows_in, actor=actor, now=now, defer=defer)
     finished = {name for name, row in steps.items() if row["status"] in JOB_FINISHED}
     finished |= {op["step"] for op, row in zip(new, rows_in)  # a child that could not start
                  if op["op"] == "child" and _start_child(conn, workflow, op, row["id"], last["queue"],
@@ -218,13 +222,42 @@ def _wake(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]], clock
 
 
 def _append(conn, pending: list[NewEvent], jobs: list[dict[str, Any]], *, actor: str,
-            now: datetime | None) -> list[NewEvent]:
+            now: datetime | None, defer: bool = False) -> list[NewEvent]:
     """An inline run's events and the Enqueued events of new jobs (job_enqueue's rows: the same
-    events as job_enqueue writes), in one statement; nothing left pending (an empty list)."""
+    events as job_enqueue writes), in one statement; nothing left pending (an empty list).
+    `defer`: with the other workflows' at the end of the advance, if it defers (deferred_appends)."""
     if pending or jobs:
-        store.append_rows(conn, [*(event.row() for event in pending), *map(enqueued_event, jobs)],
-                          actor=actor, now=now)
+        _emit(conn, [*(event.row() for event in pending), *map(enqueued_event, jobs)], actor=actor, now=now,
+              defer=defer)
     return []
+
+
+# The events that advances of workflows alone in their tree leave to the end of the engine's
+# advance (deferred_appends), by (actor, now): one append for a batch of reports, not one each.
+_DEFERRED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("qforge_deferred_appends", default=None)
+
+
+@contextlib.contextmanager
+def deferred_appends(conn) -> Iterator[None]:
+    """Around the engine's advance of a batch of workflows: the events of those alone in their tree
+    (no parent, no sub-workflow: nothing else reads their rows meanwhile) are appended in one
+    statement when it ends, still in its transaction; on an error they are dropped with it."""
+    deferred: dict[tuple[str, datetime | None], list[dict]] = {}
+    token = _DEFERRED.set(deferred)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+    for (actor, now), rows in deferred.items():
+        store.append_rows(conn, rows, actor=actor, now=now)
+
+
+def _emit(conn, rows: list[dict], *, actor: str, now: datetime | None, defer: bool) -> None:
+    deferred = _DEFERRED.get() if defer else None
+    if deferred is None:
+        store.append_rows(conn, rows, actor=actor, now=now)
+    else:
+        deferred.setdefault((actor, now), []).extend(rows)
 
 
 def _alone(workflow: dict[str, Any], rows: list[dict[str, Any]]) -> int | None:
@@ -291,15 +324,20 @@ def _end(conn, workflow: dict[str, Any], rows: list[dict[str, Any]], outcome: di
     """The function returned (or failed): steps it started and never waited for are cancelled
     (`pending`: the events of the inline run that returned, appended first)."""
     workflow_id, rows_all = workflow["id"], rows
-    with conn.cursor(row_factory=dict_row) as locking:  # a heartbeat may have moved them on: re-read locked
-        locking.execute(q("job_lock"), {"ids": sorted(r["id"] for r in rows if r["status"] in JOB_ACTIVE)})
-        rows = locking.fetchall()
+    active = sorted(r["id"] for r in rows if r["status"] in JOB_ACTIVE)
+    rows = []
+    if active:
+        with conn.cursor(row_factory=dict_row) as locking:  # a heartbeat may have moved them on: re-read locked
+            locking.execute(q("job_lock"), {"ids": active})
+            rows = locking.fetchall()
     reason = "the workflow function returned"
     events = [event for r in rows if r["status"] in JOB_ACTIVE
               for event in (job_cancelled(r, reason) if r["status"] == RUNNING else step_skipped(r, reason))]
     events += workflow_ended(workflow, SUCCEEDED if outcome["status"] == SUCCEEDED else FAILED,
                              result=outcome.get("result"), error=outcome.get("error"), reason=outcome.get("reason"))
-    store.append(conn, [*(pending or []), *events], actor=actor, now=now)
+    # alone in its tree, no parent waits to hear of its end (engine._tell_parent): deferred as its steps
+    _emit(conn, [event.row() for event in [*(pending or []), *events]], actor=actor, now=now,
+          defer=_alone(workflow, rows_all) is not None)
     tracing.ended(run_trace(rows_all), "qforge.workflow.end", workflow_id=workflow_id, status=outcome["status"],
                   error=outcome.get("error"))
 
