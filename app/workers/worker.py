@@ -186,10 +186,10 @@ class Worker(Wakeups, Exchanges):
                 while self.timers and self.timers[0] <= now:
                     heapq.heappop(self.timers)
                     self.claim_wanted = True
-                if not self.stopping and (linger := self._linger(now)) is not None:
+                if not self.stopping and (linger := self._linger(time.monotonic())) is not None:
                     self.wake.clear()
-                    if self._linger(now) is not None:  # none finished between the look and the clear
-                        await self._sleep(linger - now)
+                    if self._linger(time.monotonic()) is not None:  # none finished between the look and the clear
+                        await self._sleep(linger - time.monotonic())
                     continue
                 claim_limit = len(self.free_slots) if self.claim_wanted and not self.stopping else 0
                 if self.completions or self.failures or claim_limit:

@@ -13,7 +13,6 @@ worker slot: between activations the function exists only in the log.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import json
 import uuid
 from concurrent.futures import Future
@@ -38,6 +37,7 @@ from qforge.events.transitions import (after, job_cancelled, job_created, job_di
                                        step_skipped, workflow_ended, workflow_resumed)
 from qforge import tracing
 from qforge.sql import q
+from qforge.workflows import batch
 from qforge.workflows import inline as inline_runs
 from qforge.workflows import journal
 from qforge.workflows.definitions import get_definition
@@ -108,9 +108,7 @@ def traced_start(spec: CodeWorkflowSpec, parent: dict[str, str] | None = None) -
         yield traced
 
 
-def run_trace(rows: list[dict[str, Any]]) -> dict[str, str] | None:
-    """The run's stored trace context (its first activation's), or None when untraced."""
-    return next((row["trace"] for row in rows if row.get("trace") and journal.is_activation(row)), None)
+run_trace = journal.run_trace  # (where it was first)
 
 
 def read_history(conn, workflow_id: uuid.UUID) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -186,7 +184,7 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
              now=now, actor=actor, pending=pending)
         return True
     # Alone in its tree, with no sub-workflow to start, nothing reads its new rows before the
-    # advance ends: they go in with the other workflows' (deferred_appends).
+    # advance ends: they go in with the other workflows' (batch.deferred_appends).
     defer = known is not None and not any(op["op"] == "child" for op in new)
     pending = _append(conn, pending, rows_in, actor=actor, now=now, defer=defer)
     finished = {name for name, row in steps.items() if row["status"] in JOB_FINISHED}
@@ -207,8 +205,12 @@ def _wake(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]], clock
     runs, trace = journal.activations(rows), run_trace(rows)
     number, queue = len(runs) + 1, runs[-1]["queue"]
     runner = inline_runs.current() if inline else None
-    run_job = inline_runs.InlineRun(new_id(), f"@{number}", queue, workflow["id"], trace)  # its job, either way
-    ran = runner is not None and inline_runs.run(runner, workflow, rows, run_job)
+    early = batch.started_early(workflow, rows) if runner is not None else None
+    if early is not None:  # started with the batch's others (early_runs), on these very rows
+        run_job, ran = early[0], inline_runs.wait(early[1])
+    else:
+        run_job = inline_runs.InlineRun(new_id(), f"@{number}", queue, workflow["id"], trace)  # its job, either way
+        ran = runner is not None and inline_runs.run(runner, workflow, rows, run_job)
     if isinstance(ran, dict):  # what it decided is acted on at once, as for a run that was a job
         run, events = record_inline(workflow, ran, number, queue, trace, run_job.id)
         return advance_code(conn, cur, workflow, [*rows, run], clock, now=now, actor=actor,
@@ -225,39 +227,11 @@ def _append(conn, pending: list[NewEvent], jobs: list[dict[str, Any]], *, actor:
             now: datetime | None, defer: bool = False) -> list[NewEvent]:
     """An inline run's events and the Enqueued events of new jobs (job_enqueue's rows: the same
     events as job_enqueue writes), in one statement; nothing left pending (an empty list).
-    `defer`: with the other workflows' at the end of the advance, if it defers (deferred_appends)."""
+    `defer`: with the other workflows' at the end of the advance, if it defers (batch.deferred_appends)."""
     if pending or jobs:
-        _emit(conn, [*(event.row() for event in pending), *map(enqueued_event, jobs)], actor=actor, now=now,
-              defer=defer)
+        batch.emit(conn, [*(event.row() for event in pending), *map(enqueued_event, jobs)], actor=actor, now=now,
+                   defer=defer)
     return []
-
-
-# The events that advances of workflows alone in their tree leave to the end of the engine's
-# advance (deferred_appends), by (actor, now): one append for a batch of reports, not one each.
-_DEFERRED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("qforge_deferred_appends", default=None)
-
-
-@contextlib.contextmanager
-def deferred_appends(conn) -> Iterator[None]:
-    """Around the engine's advance of a batch of workflows: the events of those alone in their tree
-    (no parent, no sub-workflow: nothing else reads their rows meanwhile) are appended in one
-    statement when it ends, still in its transaction; on an error they are dropped with it."""
-    deferred: dict[tuple[str, datetime | None], list[dict]] = {}
-    token = _DEFERRED.set(deferred)
-    try:
-        yield
-    finally:
-        _DEFERRED.reset(token)
-    for (actor, now), rows in deferred.items():
-        store.append_rows(conn, rows, actor=actor, now=now)
-
-
-def _emit(conn, rows: list[dict], *, actor: str, now: datetime | None, defer: bool) -> None:
-    deferred = _DEFERRED.get() if defer else None
-    if deferred is None:
-        store.append_rows(conn, rows, actor=actor, now=now)
-    else:
-        deferred.setdefault((actor, now), []).extend(rows)
 
 
 def _alone(workflow: dict[str, Any], rows: list[dict[str, Any]]) -> int | None:
@@ -336,8 +310,8 @@ def _end(conn, workflow: dict[str, Any], rows: list[dict[str, Any]], outcome: di
     events += workflow_ended(workflow, SUCCEEDED if outcome["status"] == SUCCEEDED else FAILED,
                              result=outcome.get("result"), error=outcome.get("error"), reason=outcome.get("reason"))
     # alone in its tree, no parent waits to hear of its end (engine._tell_parent): deferred as its steps
-    _emit(conn, [event.row() for event in [*(pending or []), *events]], actor=actor, now=now,
-          defer=_alone(workflow, rows_all) is not None)
+    batch.emit(conn, [event.row() for event in [*(pending or []), *events]], actor=actor, now=now,
+               defer=_alone(workflow, rows_all) is not None)
     tracing.ended(run_trace(rows_all), "qforge.workflow.end", workflow_id=workflow_id, status=outcome["status"],
                   error=outcome.get("error"))
 

@@ -17,7 +17,6 @@ Above it: resume, the job commands (report, manage, bulk), the API and the monit
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import uuid
 from datetime import datetime, timezone
@@ -37,7 +36,7 @@ from qforge.events.types import NewEvent
 from qforge.settings import get_settings
 from qforge import tracing
 from qforge.sql import q
-from qforge.workflows import dag, durable, subflows
+from qforge.workflows import batch, dag, durable, subflows
 from qforge.workflows.definitions import definition_workflow
 from qforge.workflows.fanout import Fanout
 from qforge.workflows.rows import NEVER, load, lock_workflow, over_job_cap, step_state, wait_until
@@ -51,7 +50,7 @@ def advance(conn, workflow_ids: list[uuid.UUID], *, now: datetime | None = None,
     """Apply the DAG rules to workflows whose rows the caller has locked. `loaded`: their rows as
     load(elements=False) reads them, read since they were locked and their steps reported
     (rows.load_many: one read for a batch of reports). Workflows alone in their tree write their
-    new jobs in one statement at the end (durable.deferred_appends)."""
+    new jobs in one statement at the end (batch.deferred_appends)."""
     outer = _LOADED.get() is None
     if outer:
         loaded = dict(loaded or {})
@@ -61,8 +60,11 @@ def advance(conn, workflow_ids: list[uuid.UUID], *, now: datetime | None = None,
             loaded.pop(workflow_id, None)
     token = _LOADED.set(loaded) if outer else None
     try:
-        with durable.deferred_appends(conn) if outer else contextlib.nullcontext():
-            _advance_all(conn, workflow_ids, now=now, actor=actor, loaded=loaded if outer else {})
+        if outer:
+            with batch.deferred_appends(conn), batch.early_runs(loaded, workflow_ids):
+                _advance_all(conn, workflow_ids, now=now, actor=actor, loaded=loaded)
+        else:
+            _advance_all(conn, workflow_ids, now=now, actor=actor, loaded={})
     finally:
         if token is not None:
             _LOADED.reset(token)
