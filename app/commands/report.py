@@ -17,6 +17,7 @@ from psycopg.rows import tuple_row
 
 from qforge.commands import tx
 from qforge.workflows.engine import advance
+from qforge.workflows.rows import load_many
 from qforge.settings import get_settings
 from qforge.sql import q
 
@@ -54,7 +55,8 @@ def _lock_workflows(cur, reports: list[Report], known: bool) -> list[UUID]:
         cur.execute(q("job_workflow_ids"), {"ids": [r.job_id for r in reports]})
         workflow_ids = sorted(row[0] for row in cur.fetchall())
     if workflow_ids:
-        cur.execute(q("workflow_lock"), {"ids": workflow_ids})
+        # a cursor of its own: in complete's pipeline, cur's result is the completion's
+        cur.connection.execute(q("workflow_lock"), {"ids": workflow_ids})
     return workflow_ids
 
 
@@ -81,11 +83,21 @@ def complete(conn, reports: list[Report], *, actor: str, now: datetime | None = 
     # r.job_id.hex: 32 hex digits, which uuid input reads as well (str() costs twice as much)
     rows = [{"id": r.job_id.hex, "attempt": r.attempt, "result": r.result} for r in reports]
     with tx.block(conn, join=join), conn.cursor(row_factory=tuple_row) as cur:
-        locked = _lock_workflows(cur, reports, workflow_ids_known)
-        cur.execute(q("job_complete"), {"reports": json.dumps(rows), "actor": actor, "now": now})
+        loaded = None
+        if workflow_ids_known and any(r.workflow_id for r in reports):
+            # The lock, the completions and the rows of the workflows they advance (read after
+            # the completions, under the lock) in one round trip, not one read per workflow.
+            with conn.pipeline():
+                locked = _lock_workflows(cur, reports, True)
+                cur.execute(q("job_complete"), {"reports": json.dumps(rows), "actor": actor, "now": now})
+                read = load_many(conn, locked)
+            loaded = read()
+        else:
+            locked = _lock_workflows(cur, reports, workflow_ids_known)
+            cur.execute(q("job_complete"), {"reports": json.dumps(rows), "actor": actor, "now": now})
         done = cur.fetchall()
         outcome = _split(reports, {row[0] for row in done})
-        _advance(conn, locked, {row[1] for row in done if row[1]}, now)
+        _advance(conn, locked, {row[1] for row in done if row[1]}, now, loaded)
     return outcome
 
 
@@ -115,10 +127,11 @@ def fail(conn, reports: list[Report], *, actor: str, now: datetime | None = None
     return outcome
 
 
-def _advance(conn, locked: list[UUID], workflow_ids: set[UUID], now: datetime | None) -> None:
+def _advance(conn, locked: list[UUID], workflow_ids: set[UUID], now: datetime | None,
+             loaded: dict | None = None) -> None:
     if not workflow_ids:
         return
     missing = workflow_ids - set(locked)
     if missing:  # a caller that said it knew the workflows did not: never advance unlocked
         raise RuntimeError(f"workflows {sorted(missing)} were not locked before their steps")
-    advance(conn, sorted(workflow_ids), now=now)
+    advance(conn, sorted(workflow_ids), now=now, loaded=loaded)

@@ -73,6 +73,16 @@ SELECT id FROM workflows
 -- fanout_summary instead of read one by one).
 SELECT * FROM jobs WHERE workflow_id = %(id)s AND element_of IS NULL ORDER BY created_at, step
 
+-- name: workflow_get_many
+-- The rows of the workflows a batch of reports advances, read with their steps
+-- (workflow_step_rows_many) in the round trip of the reports (rows.load_many).
+SELECT * FROM workflows WHERE id = ANY(%(ids)s::uuid[])
+
+-- name: workflow_step_rows_many
+-- workflow_step_rows of several workflows at once, each workflow's in its order.
+SELECT * FROM jobs WHERE workflow_id = ANY(%(ids)s::uuid[]) AND element_of IS NULL
+ ORDER BY workflow_id, created_at, step
+
 -- name: fanout_summary
 SELECT count(*) AS total,
        count(*) FILTER (WHERE status = 'succeeded') AS succeeded,

@@ -59,6 +59,8 @@ T = TypeVar("T")
 
 # How long a stopping worker keeps retrying its last reports while the database is away.
 FINAL_REPORT_RETRY_SECONDS = 30.0
+# Reports of workflow steps wait up to this long for steps claimed with them that still run (_linger).
+LINGER_SECONDS = 0.01
 # Cancelled tasks get this long to clean up (a shell command's group gets SIGTERM, then SIGKILL after 2 s).
 TASK_STOP_WAIT_SECONDS = 5.0
 
@@ -184,6 +186,11 @@ class Worker(Wakeups, Exchanges):
                 while self.timers and self.timers[0] <= now:
                     heapq.heappop(self.timers)
                     self.claim_wanted = True
+                if not self.stopping and (linger := self._linger(time.monotonic())) is not None:
+                    self.wake.clear()
+                    if self._linger(time.monotonic()) is not None:  # none finished between the look and the clear
+                        await self._sleep(linger - time.monotonic())
+                    continue
                 claim_limit = len(self.free_slots) if self.claim_wanted and not self.stopping else 0
                 if self.completions or self.failures or claim_limit:
                     await self._exchange(claim_limit)
@@ -213,6 +220,19 @@ class Worker(Wakeups, Exchanges):
                            self.retry_due if self.retry_due is not None else float("inf"),
                            self.timers[0] if self.timers else float("inf"))
             await self._sleep(deadline - time.monotonic())
+
+    def _linger(self, now: float) -> float | None:
+        """When to write the buffered reports of workflow steps if not at once: while steps of
+        workflows started less than LINGER_SECONDS ago still run (the monotonic time the oldest
+        of them gets that old), else None. Short steps claimed together then report together:
+        otherwise the reports of those that finish first go in one round trip and the rest wait
+        for it, the two halves taking turns, each step waiting for two round trips (one of them
+        the other half's) before its workflow's next step can start."""
+        if not self.completions or self.failures or any(r.workflow_id is None for r in self.completions):
+            return None
+        young = [run.beat_at for run in self.running.values()
+                 if run.job.workflow_id is not None and not run.abandoned and now - run.beat_at < LINGER_SECONDS]
+        return min(young) + LINGER_SECONDS if young else None
 
     async def _db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(conn, ...)` on the database thread."""

@@ -37,6 +37,7 @@ from qforge.events.transitions import (after, job_cancelled, job_created, job_di
                                        step_skipped, workflow_ended, workflow_resumed)
 from qforge import tracing
 from qforge.sql import q
+from qforge.workflows import batch
 from qforge.workflows import inline as inline_runs
 from qforge.workflows import journal
 from qforge.workflows.definitions import get_definition
@@ -107,9 +108,7 @@ def traced_start(spec: CodeWorkflowSpec, parent: dict[str, str] | None = None) -
         yield traced
 
 
-def run_trace(rows: list[dict[str, Any]]) -> dict[str, str] | None:
-    """The run's stored trace context (its first activation's), or None when untraced."""
-    return next((row["trace"] for row in rows if row.get("trace") and journal.is_activation(row)), None)
+run_trace = journal.run_trace  # (where it was first)
 
 
 def read_history(conn, workflow_id: uuid.UUID) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -184,7 +183,10 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
         _end(conn, workflow, rows, {"status": "failed", "reason": "too_many_jobs", "error": problem},
              now=now, actor=actor, pending=pending)
         return True
-    pending = _append(conn, pending, rows_in, actor=actor, now=now)
+    # Alone in its tree, with no sub-workflow to start, nothing reads its new rows before the
+    # advance ends: they go in with the other workflows' (batch.deferred_appends).
+    defer = known is not None and not any(op["op"] == "child" for op in new)
+    pending = _append(conn, pending, rows_in, actor=actor, now=now, defer=defer)
     finished = {name for name, row in steps.items() if row["status"] in JOB_FINISHED}
     finished |= {op["step"] for op, row in zip(new, rows_in)  # a child that could not start
                  if op["op"] == "child" and _start_child(conn, workflow, op, row["id"], last["queue"],
@@ -203,8 +205,12 @@ def _wake(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]], clock
     runs, trace = journal.activations(rows), run_trace(rows)
     number, queue = len(runs) + 1, runs[-1]["queue"]
     runner = inline_runs.current() if inline else None
-    run_job = inline_runs.InlineRun(new_id(), f"@{number}", queue, workflow["id"], trace)  # its job, either way
-    ran = runner is not None and inline_runs.run(runner, workflow, rows, run_job)
+    early = batch.started_early(workflow, rows) if runner is not None else None
+    if early is not None:  # started with the batch's others (early_runs), on these very rows
+        run_job, ran = early[0], inline_runs.wait(early[1])
+    else:
+        run_job = inline_runs.InlineRun(new_id(), f"@{number}", queue, workflow["id"], trace)  # its job, either way
+        ran = runner is not None and inline_runs.run(runner, workflow, rows, run_job)
     if isinstance(ran, dict):  # what it decided is acted on at once, as for a run that was a job
         run, events = record_inline(workflow, ran, number, queue, trace, run_job.id)
         return advance_code(conn, cur, workflow, [*rows, run], clock, now=now, actor=actor,
@@ -218,12 +224,13 @@ def _wake(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]], clock
 
 
 def _append(conn, pending: list[NewEvent], jobs: list[dict[str, Any]], *, actor: str,
-            now: datetime | None) -> list[NewEvent]:
+            now: datetime | None, defer: bool = False) -> list[NewEvent]:
     """An inline run's events and the Enqueued events of new jobs (job_enqueue's rows: the same
-    events as job_enqueue writes), in one statement; nothing left pending (an empty list)."""
+    events as job_enqueue writes), in one statement; nothing left pending (an empty list).
+    `defer`: with the other workflows' at the end of the advance, if it defers (batch.deferred_appends)."""
     if pending or jobs:
-        store.append_rows(conn, [*(event.row() for event in pending), *map(enqueued_event, jobs)],
-                          actor=actor, now=now)
+        batch.emit(conn, [*(event.row() for event in pending), *map(enqueued_event, jobs)], actor=actor, now=now,
+                   defer=defer)
     return []
 
 
@@ -291,15 +298,20 @@ def _end(conn, workflow: dict[str, Any], rows: list[dict[str, Any]], outcome: di
     """The function returned (or failed): steps it started and never waited for are cancelled
     (`pending`: the events of the inline run that returned, appended first)."""
     workflow_id, rows_all = workflow["id"], rows
-    with conn.cursor(row_factory=dict_row) as locking:  # a heartbeat may have moved them on: re-read locked
-        locking.execute(q("job_lock"), {"ids": sorted(r["id"] for r in rows if r["status"] in JOB_ACTIVE)})
-        rows = locking.fetchall()
+    active = sorted(r["id"] for r in rows if r["status"] in JOB_ACTIVE)
+    rows = []
+    if active:
+        with conn.cursor(row_factory=dict_row) as locking:  # a heartbeat may have moved them on: re-read locked
+            locking.execute(q("job_lock"), {"ids": active})
+            rows = locking.fetchall()
     reason = "the workflow function returned"
     events = [event for r in rows if r["status"] in JOB_ACTIVE
               for event in (job_cancelled(r, reason) if r["status"] == RUNNING else step_skipped(r, reason))]
     events += workflow_ended(workflow, SUCCEEDED if outcome["status"] == SUCCEEDED else FAILED,
                              result=outcome.get("result"), error=outcome.get("error"), reason=outcome.get("reason"))
-    store.append(conn, [*(pending or []), *events], actor=actor, now=now)
+    # alone in its tree, no parent waits to hear of its end (engine._tell_parent): deferred as its steps
+    batch.emit(conn, [event.row() for event in [*(pending or []), *events]], actor=actor, now=now,
+               defer=_alone(workflow, rows_all) is not None)
     tracing.ended(run_trace(rows_all), "qforge.workflow.end", workflow_id=workflow_id, status=outcome["status"],
                   error=outcome.get("error"))
 

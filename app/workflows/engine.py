@@ -17,6 +17,7 @@ Above it: resume, the job commands (report, manage, bulk), the API and the monit
 
 from __future__ import annotations
 
+import contextvars
 import uuid
 from datetime import datetime, timezone
 from typing import Any
@@ -35,7 +36,7 @@ from qforge.events.types import NewEvent
 from qforge.settings import get_settings
 from qforge import tracing
 from qforge.sql import q
-from qforge.workflows import dag, durable, subflows
+from qforge.workflows import batch, dag, durable, subflows
 from qforge.workflows.definitions import definition_workflow
 from qforge.workflows.fanout import Fanout
 from qforge.workflows.rows import NEVER, load, lock_workflow, over_job_cap, step_state, wait_until
@@ -45,15 +46,44 @@ MAX_ROUNDS = 1000
 
 
 def advance(conn, workflow_ids: list[uuid.UUID], *, now: datetime | None = None,
-            actor: str = "system") -> None:
-    """Apply the DAG rules to workflows whose rows the caller has locked."""
+            actor: str = "system", loaded: dict[uuid.UUID, tuple[dict, list[dict]]] | None = None) -> None:
+    """Apply the DAG rules to workflows whose rows the caller has locked. `loaded`: their rows as
+    load(elements=False) reads them, read since they were locked and their steps reported
+    (rows.load_many: one read for a batch of reports). Workflows alone in their tree write their
+    new jobs in one statement at the end (batch.deferred_appends)."""
+    outer = _LOADED.get() is None
+    if outer:
+        loaded = dict(loaded or {})
+    else:  # a parent a child's end moved on (finish_parent): what the outer call read of it is stale
+        loaded = _LOADED.get()
+        for workflow_id in workflow_ids:
+            loaded.pop(workflow_id, None)
+    token = _LOADED.set(loaded) if outer else None
+    try:
+        if outer:
+            with batch.deferred_appends(conn), batch.early_runs(loaded, workflow_ids):
+                _advance_all(conn, workflow_ids, now=now, actor=actor, loaded=loaded)
+        else:
+            _advance_all(conn, workflow_ids, now=now, actor=actor, loaded={})
+    finally:
+        if token is not None:
+            _LOADED.reset(token)
+
+
+# The rows an outer advance read ahead and has not used yet (see advance).
+_LOADED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("qforge_advance_loaded", default=None)
+
+
+def _advance_all(conn, workflow_ids: list[uuid.UUID], *, now: datetime | None, actor: str,
+                 loaded: dict[uuid.UUID, tuple[dict, list[dict]]]) -> None:
     clock = now or datetime.now(timezone.utc)
     with conn.cursor(row_factory=dict_row) as cur:
         for workflow_id in workflow_ids:
             # A fan-out step can end in the round that starts it (an empty or bad list):
             # the rules then look again, a bounded number of times (each round ends a step).
             for _ in range(MAX_ROUNDS):
-                workflow, steps = load(cur, workflow_id, elements=False)
+                ahead = loaded.pop(workflow_id, None)
+                workflow, steps = ahead if ahead is not None else load(cur, workflow_id, elements=False)
                 if workflow.get("code") and workflow["status"] not in WORKFLOW_FINISHED:
                     if durable.advance_code(conn, cur, workflow, steps, clock, now=now, actor=actor,
                                             start_definition=start_definition) \

@@ -50,7 +50,18 @@ def run(runner: InlineRunner, workflow: dict[str, Any], rows: list[dict[str, Any
         run_job: InlineRun) -> dict[str, Any] | Future | None:
     """The run's decisions; the Future of a run still going after INLINE_SECONDS; None when it must
     run as a job (qforge.workflows.activation.activate_inline)."""
-    future = _threads.submit(_traced, runner, workflow, rows, run_job)
+    return wait(submit(runner, workflow, rows, run_job))
+
+
+def submit(runner: InlineRunner, workflow: dict[str, Any], rows: list[dict[str, Any]],
+           run_job: InlineRun) -> Future:
+    """The run started (run waits for it at once; an advance of several workflows starts theirs
+    together, qforge.workflows.durable.early_runs)."""
+    return _threads.submit(_traced, runner, workflow, rows, run_job)
+
+
+def wait(future: Future) -> dict[str, Any] | Future | None:
+    """What run returns, for a run that submit started."""
     try:
         return future.result(timeout=INLINE_SECONDS)
     except TimeoutError:

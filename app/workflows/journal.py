@@ -51,3 +51,8 @@ def step_order(rows: list[dict[str, Any]]) -> dict[str, int]:
     """Each step's place in the order the function scheduled them (the dashboard draws it so)."""
     names = [op["step"] for op in journal(rows) if op.get("op") in STEP_OPS]
     return {name: index for index, name in enumerate(names)}
+
+
+def run_trace(rows: list[dict[str, Any]]) -> dict[str, str] | None:
+    """The run's stored trace context (its first activation's), or None when untraced."""
+    return next((row["trace"] for row in rows if row.get("trace") and is_activation(row)), None)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta, timezone
+from typing import Callable
+
+from psycopg.rows import dict_row
 
 from qforge.commands.errors import NotFound
 from qforge.settings import get_settings
@@ -38,6 +41,23 @@ def load(cur, workflow_id: uuid.UUID, *, elements: bool = True) -> tuple[dict, l
     if workflow is None:
         raise NotFound(f"workflow {workflow_id} not found")
     return workflow, rows
+
+
+def load_many(conn, workflow_ids: list[uuid.UUID]) -> Callable[[], dict[uuid.UUID, tuple[dict, list[dict]]]]:
+    """What load(elements=False) reads, for several workflows in two statements: sent now (in the
+    caller's pipeline, after the statements whose effects they must see), read when the returned
+    function is called (after the pipeline's sync)."""
+    workflows, steps = conn.cursor(row_factory=dict_row), conn.cursor(row_factory=dict_row)
+    workflows.execute(q("workflow_get_many"), {"ids": workflow_ids})
+    steps.execute(q("workflow_step_rows_many"), {"ids": workflow_ids})
+
+    def read() -> dict[uuid.UUID, tuple[dict, list[dict]]]:
+        with workflows, steps:
+            loaded = {row["id"]: (row, []) for row in workflows.fetchall()}
+            for row in steps.fetchall():
+                loaded[row["workflow_id"]][1].append(row)
+        return loaded
+    return read
 
 
 def lock_workflow(cur, workflow_id: uuid.UUID) -> dict:
