@@ -150,9 +150,9 @@ def test_a_refused_report_rolls_the_exchange_back_and_it_is_written_again_report
 
 
 def test_the_hot_path_builders_make_the_same_objects_as_the_constructors() -> None:
-    """claim's and succeeded()'s builders skip the frozen dataclasses' __init__ for speed: they must
-    still fill every field (a field added to ClaimedJob or Report without them fails here)."""
-    import dataclasses
+    """claim builds its ClaimedJob from a row at once (_make): a row must still fill every field,
+    no more, no fewer (a field added to ClaimedJob without a column fails here); the records stay
+    read-only."""
     from uuid import uuid4
 
     from qforge.commands.claim import ClaimedJob, _claimed
@@ -160,10 +160,38 @@ def test_the_hot_path_builders_make_the_same_objects_as_the_constructors() -> No
     from qforge.workers.reporting import succeeded
 
     row = (uuid4(), "task", "queue", {"a": 1}, 2, 3.5, uuid4(), "step", {"k": "v"}, {"traceparent": "x"})
-    assert len(row) == len(dataclasses.fields(ClaimedJob))
     job = _claimed(row)
-    assert job == ClaimedJob(*row) and vars(job) == vars(ClaimedJob(*row))
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    assert job == ClaimedJob(*row) and job._asdict() == dict(zip(ClaimedJob._fields, row))
+    with pytest.raises(TypeError):
+        _claimed(row[:-1])
+    with pytest.raises(AttributeError):
         job.attempt = 3
     report = succeeded(job, {"out": 1})
-    assert vars(report) == vars(Report(job.id, job.attempt, result={"out": 1}, workflow_id=job.workflow_id))
+    assert report == Report(job.id, job.attempt, result={"out": 1}, workflow_id=job.workflow_id)
+    assert (report.error, report.reason) == (None, "error")
+
+
+def test_the_workers_task_context_fills_every_field(db_url) -> None:
+    """The worker makes each job's TaskContext without its __init__: every field must still be
+    there, as the constructor would set it (a field added to TaskContext without it fails here)."""
+    import dataclasses
+    from uuid import uuid4
+
+    from qforge.commands.claim import _claimed
+    from qforge.workers.tasks import TaskContext
+
+    worker = Worker(db_url, name="ctx", queues=["default"], concurrency=1)
+    try:
+        job = _claimed((uuid4(), "task", "queue", {}, 2, 3.5, uuid4(), "step", {}, None))
+        ctx = worker._context(job)
+        made = TaskContext(job_id=job.id, attempt=2, task="task", queue="queue", workflow_id=job.workflow_id,
+                           step="step", timeout_seconds=3.5, allow_shell=worker.allow_shell,
+                           policy=worker.task_policy)
+        assert vars(ctx) == vars(made) and ctx == made
+        assert set(vars(ctx)) == {f.name for f in dataclasses.fields(TaskContext)}
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            ctx.attempt = 3
+    finally:
+        worker.db_thread.shutdown()
+        worker.task_threads.shutdown()
+        worker.history_thread.shutdown()

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import time
 import weakref
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, TypeVar
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from psycopg.rows import tuple_row
@@ -17,11 +14,11 @@ from psycopg.rows import tuple_row
 from qforge.commands import tx
 from qforge.sql import q
 
-T = TypeVar("T")
 
+class ClaimedJob(NamedTuple):
+    """A claimed job: a claim's row, by name. A named tuple rather than a frozen dataclass, as the
+    worker makes one per job: from the row at once (_make), ~0.5 µs instead of ~1.6."""
 
-@dataclass(frozen=True)
-class ClaimedJob:
     id: UUID
     task: str
     queue: str
@@ -76,7 +73,7 @@ def handed(item: dict[str, Any]) -> ClaimedJob:
     from one element of its notification: what a claim returns, as JSON."""
     values = {name: item.get(name) for name in _CLAIMED_FIELDS}  # no workflow_id: never a step's
     values["id"] = UUID(values["id"])
-    return frozen_record(ClaimedJob, values)
+    return ClaimedJob(**values)
 
 
 def handed_by_id(conn, ids: list[UUID], worker: str) -> list[ClaimedJob]:
@@ -86,27 +83,11 @@ def handed_by_id(conn, ids: list[UUID], worker: str) -> list[ClaimedJob]:
 
 
 def _claimed(row: tuple) -> ClaimedJob:
-    """ClaimedJob(*row), once per claimed job (see frozen_record)."""
-    return frozen_record(ClaimedJob, zip(_CLAIMED_FIELDS, row))
+    """ClaimedJob(*row), once per claimed job (a row of another length is refused: TypeError)."""
+    return ClaimedJob._make(row)
 
 
-def frozen_record(cls: type[T], values: Iterable[tuple[str, Any]] | dict[str, Any]) -> T:
-    """An instance of the frozen dataclass `cls` from `values` (name -> value, for at least every
-    field without a default), without its __init__: that sets each field through
-    object.__setattr__, which costs more than filling the instance's dict (ClaimedJob: 1.3 -> 0.8 µs).
-    For the worker's per-job records (claimed jobs, success reports)."""
-    record = object.__new__(cls)
-    record.__dict__.update(_defaults(cls))
-    record.__dict__.update(values)
-    return record
-
-
-@functools.cache
-def _defaults(cls: type) -> dict[str, Any]:
-    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-
-
-_CLAIMED_FIELDS = tuple(f.name for f in dataclasses.fields(ClaimedJob))
+_CLAIMED_FIELDS = ClaimedJob._fields
 FLOW_MEMORY_SECONDS = 1.0
 # connection -> queues -> when job_claim_plain last said "not plain" (time.monotonic())
 _flow_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

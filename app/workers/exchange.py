@@ -138,6 +138,6 @@ class Exchanges:
     def _snapshot(self) -> list[dict[str, Any]]:
         return [{"job_id": str(run.job.id), "task": run.job.task, "step": run.job.step,
                  "workflow_id": str(run.job.workflow_id) if run.job.workflow_id else None,
-                 "started_at": run.started_at.isoformat(), "slot": run.slot}
+                 "started_at": datetime.fromtimestamp(run.started_at, timezone.utc).isoformat(), "slot": run.slot}
                 for run in self.running.values() if not run.abandoned]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, Awaitable
 
 from qforge.commands.specs import MAX_DEPTH
 from qforge.workers.http_call import run_http
@@ -35,14 +35,32 @@ async def execute(
         payload = {}
     if not isinstance(payload, dict):
         raise TaskError(f"the payload must be a JSON object, got {type(payload).__name__}")
-    masker = Masker()  # the values of the secrets a shell or http step references
+    if task == "shell" or task == "http":
+        result = await _run_with_secrets(task, payload, ctx)
+    else:  # a Python task: it references no secrets, so there is nothing to mask
+        result = await run_python(task, payload, ctx, thread_pool)
+    if result is None:
+        return None
+    try:
+        RESULT_CHECK.encode(result)
+    except (TypeError, ValueError) as exc:
+        raise TaskError(f"task {task!r} returned a result that is not JSON-serialisable: {exc}") from exc
+    if nested_deeper(result, MAX_DEPTH):
+        # The API could not send it back (nor a later step's payload that carries it as input):
+        # e.g. echo in a long chain, whose each output holds the one before.
+        raise TaskError(f"task {task!r} returned a result nested more than {MAX_DEPTH} levels deep")
+    return result
+
+
+async def _run_with_secrets(task: str, payload: dict, ctx: TaskContext) -> Any:
+    """The shell or http task, with the values of the secrets it references masked in what it
+    returns or raises."""
+    masker = Masker()
     try:
         if task == "shell":
             result = await run_shell(payload, ctx, masker)
-        elif task == "http":
-            result = await run_http(payload, ctx.policy, masker)
         else:
-            result = await run_python(task, payload, ctx, thread_pool)
+            result = await run_http(payload, ctx.policy, masker)
     except TaskError as exc:
         if masker:
             raise masker.error(exc) from None
@@ -51,18 +69,7 @@ async def execute(
         if masker:
             raise TaskError(masker.text(f"{type(exc).__name__}: {exc}")) from None
         raise
-    if masker:
-        result = masker.json(result)
-    try:
-        if result is not None:
-            RESULT_CHECK.encode(result)
-    except (TypeError, ValueError) as exc:
-        raise TaskError(f"task {task!r} returned a result that is not JSON-serialisable: {exc}") from exc
-    if nested_deeper(result, MAX_DEPTH):
-        # The API could not send it back (nor a later step's payload that carries it as input):
-        # e.g. echo in a long chain, whose each output holds the one before.
-        raise TaskError(f"task {task!r} returned a result nested more than {MAX_DEPTH} levels deep")
-    return result
+    return masker.json(result) if masker else result
 
 
 def nested_deeper(value: Any, limit: int) -> bool:
@@ -77,10 +84,13 @@ def nested_deeper(value: Any, limit: int) -> bool:
     return False
 
 
-async def run_python(task: str, payload: dict, ctx: TaskContext, thread_pool: Executor | None) -> Any:
+def run_python(task: str, payload: dict, ctx: TaskContext, thread_pool: Executor | None) -> Awaitable[Any]:
+    """What to await for the Python task `task`: its coroutine, or its call in `thread_pool` (a plain
+    function, not a coroutine around them: one frame less per job). Raises TaskError at once for an
+    unknown task."""
     registered = get_task(task)
     if registered.is_async:
-        return await registered.invoke(payload, ctx)
+        return registered.invoke(payload, ctx)
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(thread_pool, functools.partial(registered.invoke, payload, ctx))
+    return loop.run_in_executor(thread_pool, functools.partial(registered.invoke, payload, ctx))
 

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 
 from qforge.commands import report
-from qforge.commands.claim import ClaimedJob, frozen_record
+from qforge.commands.claim import ClaimedJob
 from qforge.commands.report import Outcome, Report
 from qforge.workers.connection import TRANSIENT_ERRORS, describe
 from qforge.workers.tasks import RESULT_CHECK, TaskError
@@ -26,10 +26,8 @@ class JobTimedOut(Exception):
 
 
 def succeeded(job: ClaimedJob, result: Any) -> Report:
-    """Report(job.id, job.attempt, result=result, workflow_id=job.workflow_id), once per finished job
-    (see frozen_record)."""
-    return frozen_record(Report, {"job_id": job.id, "attempt": job.attempt, "result": result,
-                                  "workflow_id": job.workflow_id})
+    """The success report, once per finished job."""
+    return Report(job.id, job.attempt, result, workflow_id=job.workflow_id)
 
 
 def failed(job: ClaimedJob, exc: Exception) -> Report:
