@@ -11,14 +11,12 @@ import contextlib
 import contextvars
 import uuid
 from datetime import datetime
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from qforge.events import store
 from qforge.events.ids import new_id
-from qforge.events.states import JOB_FINISHED, SUCCEEDED, WORKFLOW_FINISHED
 from qforge.workflows import inline as inline_runs
 from qforge.workflows import journal
-from qforge.workflows.replay import STEP_OPS
 
 
 # The events that advances of workflows alone in their tree leave to the end of the engine's
@@ -57,10 +55,11 @@ _EARLY: contextvars.ContextVar[dict | None] = contextvars.ContextVar("qforge_ear
 
 @contextlib.contextmanager
 def early_runs(loaded: dict[uuid.UUID, tuple[dict[str, Any], list[dict[str, Any]]]],
-               workflow_ids: list[uuid.UUID]) -> Iterator[None]:
+               workflow_ids: list[uuid.UUID],
+               wakes_inline: Callable[[dict[str, Any], list[dict[str, Any]]], bool]) -> Iterator[None]:
     """Around the engine's advance of a batch of workflows (their rows `loaded`): the next runs of
-    the code workflows that will run theirs inline (what advance_code does with those rows: see
-    _wakes_inline) start together, not one after the other's, each in its own thread as before;
+    the code workflows that will run theirs inline (`wakes_inline`: durable.wakes_inline, what
+    advance_code does with those rows) start together, not one after the other's, each in its own thread as before;
     _wake takes the run started on the rows it has (the same list), else runs the function as
     before. A run started for nothing (the rows changed) is dropped, like one whose report
     rolled back."""
@@ -68,7 +67,7 @@ def early_runs(loaded: dict[uuid.UUID, tuple[dict[str, Any], list[dict[str, Any]
     early: dict[uuid.UUID, tuple[list[dict[str, Any]], inline_runs.InlineRun, Any]] = {}
     for workflow_id in workflow_ids if runner is not None else ():
         workflow, rows = loaded.get(workflow_id, (None, None))
-        if workflow is not None and _wakes_inline(workflow, rows):
+        if workflow is not None and wakes_inline(workflow, rows):
             runs = journal.activations(rows)
             run_job = inline_runs.InlineRun(new_id(), f"@{len(runs) + 1}", runs[-1]["queue"], workflow_id,
                                             journal.run_trace(rows))
@@ -78,23 +77,6 @@ def early_runs(loaded: dict[uuid.UUID, tuple[dict[str, Any], list[dict[str, Any]
         yield
     finally:
         _EARLY.reset(token)
-
-
-def _wakes_inline(workflow: dict[str, Any], rows: list[dict[str, Any]]) -> bool:
-    """advance_code, given these rows, runs the function's next run inline (_wake, inline=True):
-    a running code workflow whose last run succeeded and decided nothing new to start, and all
-    it waits on has finished."""
-    if not workflow.get("code") or workflow["status"] in WORKFLOW_FINISHED:
-        return False
-    runs = journal.activations(rows)
-    if not runs or runs[-1]["status"] != SUCCEEDED:
-        return False
-    decided = journal.decisions(runs[-1])
-    steps = {row["step"]: row for row in rows if not journal.is_activation(row)}
-    if decided.get("outcome") or any(op.get("op") in STEP_OPS and op["step"] not in steps
-                                     for op in decided.get("ops", [])):
-        return False
-    return all(name in steps and steps[name]["status"] in JOB_FINISHED for name in decided.get("waiting_on", []))
 
 
 def started_early(workflow: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[Any, Any] | None:

@@ -31,7 +31,7 @@ from qforge.events import store
 from qforge.events import types as ev
 from qforge.events.ids import new_id
 from qforge.events.states import (CANCELLED, DEAD, FAILED, JOB_ACTIVE, JOB_FINISHED, PENDING, RUNNING, SKIPPED,
-                                  SUCCEEDED, WAITING)
+                                  SUCCEEDED, WAITING, WORKFLOW_FINISHED)
 from qforge.events.types import NewEvent
 from qforge.events.transitions import (after, job_cancelled, job_created, job_died, job_succeeded, step_reopened,
                                        step_skipped, workflow_ended, workflow_resumed)
@@ -108,9 +108,6 @@ def traced_start(spec: CodeWorkflowSpec, parent: dict[str, str] | None = None) -
         yield traced
 
 
-run_trace = journal.run_trace  # (where it was first)
-
-
 def read_history(conn, workflow_id: uuid.UUID) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The workflow's row and all its job rows: what an activation replays."""
     with conn.cursor(row_factory=dict_row) as cur:
@@ -163,15 +160,14 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
     if decided.get("outcome"):  # steps it started and never waited for do not run
         _end(conn, workflow, rows, decided["outcome"], now=now, actor=actor, pending=pending)
         return True
-    steps = {row["step"]: row for row in rows if not journal.is_activation(row)}
-    new = [op for op in decided.get("ops", []) if op.get("op") in STEP_OPS and op["step"] not in steps]
+    steps, new = _steps_and_new(rows, decided)
     # A running workflow's next step and run are due since just before the workflow started: among
     # equal priorities, work of older workflows is claimed before a backlog of newer ones (the
     # claim's order is run_at), and before the first runs of workflows started at the same time
     # (one transaction may start a thousand: their first runs are due at the same instant, and the
     # ids of the next steps would sort after all of them), so each workflow's step-to-step latency
     # is not the whole backlog's.
-    due, trace = workflow["created_at"] - RUNNING_FIRST, run_trace(rows)
+    due, trace = workflow["created_at"] - RUNNING_FIRST, journal.run_trace(rows)
     rows_in = [job_row(new_id(), step_event(op, clock, due, trace), workflow["tags"], workflow["id"]) for op in new]
     known = _alone(workflow, rows)
     if rows_in and known is None:
@@ -199,10 +195,33 @@ def advance_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]]
     return False
 
 
+def _steps_and_new(rows: list[dict[str, Any]], decided: dict[str, Any]) -> tuple[dict[str, dict], list[dict]]:
+    """The workflow's steps by name, and the step operations the newest run decided that have no
+    row yet (to start now)."""
+    steps = {row["step"]: row for row in rows if not journal.is_activation(row)}
+    return steps, [op for op in decided.get("ops", []) if op.get("op") in STEP_OPS and op["step"] not in steps]
+
+
+def wakes_inline(workflow: dict[str, Any], rows: list[dict[str, Any]]) -> bool:
+    """advance_code, given these rows, goes straight to _wake, which runs the function's next run
+    inline where it may: a running code workflow whose last run succeeded, decided no outcome and
+    nothing new to start, and all it waits on has finished (batch.early_runs starts such runs
+    ahead, several at once)."""
+    if not workflow.get("code") or workflow["status"] in WORKFLOW_FINISHED:
+        return False
+    runs = journal.activations(rows)
+    if not runs or runs[-1]["status"] != SUCCEEDED:
+        return False
+    decided = journal.decisions(runs[-1])
+    steps, new = _steps_and_new(rows, decided)
+    return not decided.get("outcome") and not new and all(
+        name in steps and steps[name]["status"] in JOB_FINISHED for name in decided.get("waiting_on", []))
+
+
 def _wake(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]], clock: datetime, *, inline: bool,
           now: datetime | None, actor: str, start_definition: Callable[..., uuid.UUID]) -> bool:
     """The function's next run: here (inline) if it can, else as a job (advance_code)."""
-    runs, trace = journal.activations(rows), run_trace(rows)
+    runs, trace = journal.activations(rows), journal.run_trace(rows)
     number, queue = len(runs) + 1, runs[-1]["queue"]
     runner = inline_runs.current() if inline else None
     early = batch.started_early(workflow, rows) if runner is not None else None
@@ -312,7 +331,7 @@ def _end(conn, workflow: dict[str, Any], rows: list[dict[str, Any]], outcome: di
     # alone in its tree, no parent waits to hear of its end (engine._tell_parent): deferred as its steps
     batch.emit(conn, [event.row() for event in [*(pending or []), *events]], actor=actor, now=now,
                defer=_alone(workflow, rows_all) is not None)
-    tracing.ended(run_trace(rows_all), "qforge.workflow.end", workflow_id=workflow_id, status=outcome["status"],
+    tracing.ended(journal.run_trace(rows_all), "qforge.workflow.end", workflow_id=workflow_id, status=outcome["status"],
                   error=outcome.get("error"))
 
 
@@ -343,6 +362,6 @@ def resume_code(conn, cur, workflow: dict[str, Any], rows: list[dict[str, Any]],
     runs = journal.activations(rows)
     queue = runs[-1]["queue"] if runs else "default"
     cur.execute(q("job_enqueue"), {"jobs": json.dumps([activation_row(workflow["id"], len(runs) + 1, queue,
-                                                                      workflow["tags"], trace=run_trace(rows))]),
+                                                                      workflow["tags"], trace=journal.run_trace(rows))]),
                                    "actor": actor, "now": now})
     return names

@@ -61,7 +61,7 @@ def advance(conn, workflow_ids: list[uuid.UUID], *, now: datetime | None = None,
     token = _LOADED.set(loaded) if outer else None
     try:
         if outer:
-            with batch.deferred_appends(conn), batch.early_runs(loaded, workflow_ids):
+            with batch.deferred_appends(conn), batch.early_runs(loaded, workflow_ids, durable.wakes_inline):
                 _advance_all(conn, workflow_ids, now=now, actor=actor, loaded=loaded)
         else:
             _advance_all(conn, workflow_ids, now=now, actor=actor, loaded={})

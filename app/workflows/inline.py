@@ -56,7 +56,7 @@ def run(runner: InlineRunner, workflow: dict[str, Any], rows: list[dict[str, Any
 def submit(runner: InlineRunner, workflow: dict[str, Any], rows: list[dict[str, Any]],
            run_job: InlineRun) -> Future:
     """The run started (run waits for it at once; an advance of several workflows starts theirs
-    together, qforge.workflows.durable.early_runs)."""
+    together, qforge.workflows.batch.early_runs)."""
     return _threads.submit(_traced, runner, workflow, rows, run_job)
 
 
