@@ -39,10 +39,16 @@ def test_every_called_statement_exists() -> None:
 
 
 def test_includes_are_expanded_at_load() -> None:
-    # The four fenced reports share one fence (job_current_attempt), written once.
+    # The fenced reports that lock their rows first share one fence (job_current_attempt),
+    # written once; the completion fences in the UPDATE that folds it, on the same terms.
     fence = QUERIES["job_current_attempt"]
-    for name in ("job_heartbeat", "job_complete", "job_fail", "job_release"):
+    for name in ("job_heartbeat", "job_fail", "job_release"):
         assert fence in QUERIES[name], name
+    for term in ("j.id = r.id AND j.attempts = r.attempt",
+                 "j.attempts > 0 AND state_allows('job', j.status, 'Succeeded')"):
+        assert term in QUERIES["job_complete"], term
+    assert "ON r.id = j.id AND r.attempt = j.attempts" in fence
+    assert "AND j.attempts > 0 AND state_allows('job', j.status, (SELECT event FROM fence))" in fence
     assert [name for name, text in QUERIES.items() if sql._INCLUDE.search(text)] == []
 
 

@@ -80,19 +80,22 @@ SET LOCAL plan_cache_mode = force_generic_plan
 SET plan_cache_mode = force_generic_plan
 
 -- name: job_claim_record
--- The end of both claim statements (included where they say
--- `-- include: job_claim_record`): from `picked` (and `clock`, `bucket`), the
--- Claimed events, chained to each job's last hash (which the row lock holds
--- still); this CTE runs whether or not it is read: every picked row gets its
--- event. Then `spent`: the rate-limited queues' bucket shards, refilled to
--- now, less what this claim took.
+-- The Claimed events of job_claim (included where it says
+-- `-- include: job_claim_record`): from `picked` (and `clock`), chained to each
+-- job's last hash (which the row lock holds still), folded by
+-- events_project(); this CTE runs whether or not it is read: every picked row
+-- gets its event.
 INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
 SELECT 'job', p.id, p.version + 1, 'Claimed', p.data, p.workflow_id, c.at, %(worker)s,
        event_hash_fixed(p.chain, p.id, p.version + 1,
                         (SELECT event_canonical_v1_fixed(1::smallint, at, 'job', 'Claimed', %(worker)s) FROM clock),
                         p.workflow_id, NULL, p.data)
   FROM picked p, clock c
-), spent AS (
+
+-- name: job_claim_spend
+-- The end of both claim statements (included where they say
+-- `-- include: job_claim_spend`, in a CTE `spent`): the rate-limited queues'
+-- bucket shards (`bucket`), refilled to now, less what this claim took.
 UPDATE queue_buckets b
    SET tokens = k.tokens - (SELECT count(*) FROM picked p WHERE p.queue = k.queue),
        refilled_at = (SELECT at FROM clock)
@@ -110,10 +113,16 @@ UPDATE queue_buckets b
 -- same transaction; so a plain claim never passes over such jobs. Paused
 -- queues are left out and rate-limited ones spend their tokens here as in
 -- job_claim (queue_buckets_take). Otherwise as job_claim: rows locked FOR
--- UPDATE SKIP LOCKED in claim order, the Claimed events appended (chained)
--- and folded in this statement.
+-- UPDATE SKIP LOCKED in claim order. Then, unlike job_claim, the statement
+-- folds its Claimed events itself (job_fold_claimed: one UPDATE of the locked
+-- rows by their address, whose RETURNING gives each event its position and
+-- hash, chained to the row's), appends them, and tells events_project() so
+-- (jobs_folded, 30_fold.sql): the trigger's fold would find each row again by
+-- its key and apply every event type's rules to it (issue 33).
 WITH clock AS MATERIALIZED (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS at
+    SELECT coalesce(%(now)s::timestamptz, now()) AS at,
+           event_canonical_v1_fixed(1::smallint, coalesce(%(now)s::timestamptz, now()), 'job', 'Claimed',
+                                    %(worker)s) AS fixed
 ), gate AS MATERIALIZED (
     -- two probes of partial indexes that are empty while the features are not in use,
     -- each from the index's newest end: a flow backlog's oldest entries are the jobs
@@ -141,7 +150,7 @@ WITH clock AS MATERIALIZED (
       FROM flow f
       LEFT JOIN bucket b ON b.queue = f.queue
      CROSS JOIN LATERAL (
-            SELECT j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
+            SELECT j.ctid AS tid, j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
                    j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain, j.trace
               FROM jobs j
              WHERE j.status = 'pending' AND j.queue = f.queue
@@ -153,8 +162,35 @@ WITH clock AS MATERIALIZED (
                FOR UPDATE SKIP LOCKED) c
      ORDER BY c.priority DESC, c.run_at, c.id
      LIMIT %(limit)s
+), folded AS (
+    -- the fold of the Claimed events (30_fold.sql's rules for Claimed), each locked row
+    -- by its address; its RETURNING is the events' (position, hash) for `claimed`
+    UPDATE jobs j SET
+        -- include: job_fold_claimed
+     WHERE j.ctid = ANY (ARRAY(SELECT a.tid FROM picked a)) AND j.ctid = p.tid AND j.version = p.version
+    RETURNING j.id, j.version, j.workflow_id, j.last_position, j.chain, p.data, c.at
+), missed AS MATERIALIZED (
+    SELECT ARRAY(SELECT m.id FROM picked m WHERE m.id NOT IN (SELECT id FROM folded)) AS ids
+), refolded AS (
+    -- a row changed by another transaction between this statement's snapshot and its lock
+    -- (the lock took the newest version, which the snapshot does not see at its address):
+    -- by its key, from the version the snapshot sees (older than the locked one), whose
+    -- update follows the row to the locked version and checks the quals again there
+    UPDATE jobs j SET
+        -- include: job_fold_claimed
+     WHERE j.id = ANY ((SELECT ids FROM missed)::uuid[]) AND p.id = ANY ((SELECT ids FROM missed)::uuid[])
+       AND j.id = p.id AND j.version <= p.version
+    RETURNING j.id, j.version, j.workflow_id, j.last_position, j.chain, p.data, c.at
+), confirmed AS MATERIALIZED (
+    SELECT jobs_folded((SELECT count(*) FROM picked),
+                       (SELECT count(*) FROM folded) + (SELECT count(*) FROM refolded)) AS ok
 ), claimed AS (
-    -- include: job_claim_record
+    INSERT INTO events (position, stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor,
+                        hash)
+    SELECT f.last_position, 'job', f.id, f.version, 'Claimed', f.data, f.workflow_id, f.at, %(worker)s, f.chain
+      FROM (SELECT * FROM folded UNION ALL SELECT * FROM refolded) f, confirmed
+), spent AS (
+    -- include: job_claim_spend
 )
 SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_seconds,
        p.workflow_id, p.step, p.tags, p.trace
@@ -162,6 +198,17 @@ SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_se
   LEFT JOIN picked p ON true
  WHERE p.id IS NOT NULL OR NOT g.plain  -- not plain: one row of nulls, "run job_claim"
  ORDER BY p.priority DESC, p.run_at, p.id
+
+-- name: job_fold_claimed
+-- The fold of a Claimed event (30_fold.sql's rules for it) as job_claim_plain
+-- applies it (included after `UPDATE jobs j SET`): the event's position and
+-- hash become the row's, and the RETURNING of the UPDATE gives them to the INSERT.
+version = j.version + 1, updated_at = c.at, last_position = nextval('events_position_seq'),
+chain = event_hash_fixed(j.chain, j.id, j.version + 1, c.fixed, j.workflow_id, NULL, p.data),
+status = coalesce(state_target('job', j.status, 'Claimed', NULL),
+                  state_refuse('job', j.status, 'Claimed', NULL, j.id)),
+attempts = j.attempts + 1, worker = %(worker)s, heartbeat_at = c.at, started_at = c.at
+  FROM picked p, clock c
 
 -- name: job_claim
 -- The claim is one statement (this one or job_claim_plain). It locks claimable rows with FOR UPDATE SKIP
@@ -366,6 +413,8 @@ WITH RECURSIVE clock AS MATERIALIZED (
      LIMIT %(limit)s
 ), claimed AS (
     -- include: job_claim_record
+), spent AS (
+    -- include: job_claim_spend
 ), turned AS (
     -- the rotation moves on by what this claim took (a concurrent claim of the same
     -- key waits for this one's row and adds its own share to the newest pass)
@@ -441,18 +490,46 @@ WITH fence(event) AS (VALUES ('Heartbeat')), fenced AS (
 RETURNING stream_id AS id
 
 -- name: job_complete
--- Fenced (job_current_attempt) batch completion. A result of null is not
--- written (the fold reads its absence as null).
-WITH fence(event) AS (VALUES ('Succeeded')), fenced AS (
-    -- include: job_current_attempt
-), target AS (
-    SELECT f.*,
-           jsonb_build_object('attempt', f.attempts)
-           || CASE WHEN f.result IS NULL OR f.result = 'null' THEN '{}'::jsonb
-                   ELSE jsonb_build_object('result', f.result) END AS data
-      FROM fenced f
+-- Fenced batch completion, folded in this statement: one UPDATE finds each
+-- reported job whose current attempt the report names and whose status allows
+-- Succeeded (as job_current_attempt), applies the event to it (30_fold.sql's
+-- rules for Succeeded) and gives the event's position, hash and data to the
+-- INSERT that appends it; then jobs_folded (30_fold.sql). A report for a
+-- superseded attempt, or for a job that moved on, matches no row and changes
+-- nothing. Rows are taken in id order (the reports sorted, and the key probed
+-- as an array), as every fenced report locks them, so two reporters cannot
+-- deadlock; the UPDATE's own row lock is the fence's, and a row another
+-- transaction changed meanwhile is updated in its newest version (the chain
+-- continues from its hash). A result of null is not written (the fold reads
+-- its absence as null).
+WITH clock AS MATERIALIZED (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS at,
+           event_canonical_v1_fixed(1::smallint, coalesce(%(now)s::timestamptz, now()), 'job', 'Succeeded',
+                                    %(actor)s) AS fixed
+), reported AS MATERIALIZED (
+    SELECT r.id, r.attempt,
+           jsonb_build_object('attempt', r.attempt)
+           || CASE WHEN r.result IS NULL OR r.result = 'null' THEN '{}'::jsonb
+                   ELSE jsonb_build_object('result', r.result) END AS data
+      FROM jsonb_to_recordset(%(reports)s::jsonb) AS r(id uuid, attempt integer, result jsonb)
+     ORDER BY r.id
+), folded AS (
+    UPDATE jobs j SET
+        version = j.version + 1, updated_at = c.at, last_position = nextval('events_position_seq'),
+        chain = event_hash_fixed(j.chain, j.id, j.version + 1, c.fixed, j.workflow_id, NULL, r.data),
+        status = coalesce(state_target('job', j.status, 'Succeeded', NULL),
+                          state_refuse('job', j.status, 'Succeeded', NULL, j.id)),
+        result = coalesce(r.data -> 'result', 'null'::jsonb), finished_at = c.at
+      FROM reported r, clock c
+     WHERE j.id = ANY (ARRAY(SELECT x.id FROM reported x)) AND j.id = r.id AND j.attempts = r.attempt
+       AND j.attempts > 0 AND state_allows('job', j.status, 'Succeeded')
+    RETURNING j.id, j.version, j.workflow_id, j.last_position, j.chain, r.data, c.at
+), confirmed AS MATERIALIZED (
+    SELECT jobs_folded(count(*), count(*)) AS ok FROM folded
 )
--- include: job_report_append
+INSERT INTO events (position, stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)
+SELECT f.last_position, 'job', f.id, f.version, 'Succeeded', f.data, f.workflow_id, f.at, %(actor)s, f.chain
+  FROM folded f, confirmed
 RETURNING stream_id AS id, workflow_id
 
 -- name: job_fail
