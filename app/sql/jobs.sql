@@ -146,12 +146,12 @@ WITH clock AS MATERIALIZED (
 ), bucket AS MATERIALIZED (
     SELECT * FROM queue_buckets_take(%(queues)s::text[], (SELECT at FROM clock)) WHERE (SELECT plain FROM gate)
 ), picked AS MATERIALIZED (
-    SELECT c.*, jsonb_build_object('attempt', c.attempts + 1) AS data
+    SELECT c.*
       FROM flow f
       LEFT JOIN bucket b ON b.queue = f.queue
      CROSS JOIN LATERAL (
-            SELECT j.ctid AS tid, j.id, j.version, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
-                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.chain, j.trace
+            SELECT j.ctid AS tid, j.id, j.attempts, j.tags, j.workflow_id, j.priority, j.run_at,
+                   j.task, j.queue, j.payload, j.timeout_seconds, j.step, j.trace
               FROM jobs j
              WHERE j.status = 'pending' AND j.queue = f.queue
                AND j.concurrency_key IS NULL AND j.fairness_key IS NULL
@@ -167,8 +167,9 @@ WITH clock AS MATERIALIZED (
     -- by its address; its RETURNING is the events' (position, hash) for `claimed`
     UPDATE jobs j SET
         -- include: job_fold_claimed
-     WHERE j.ctid = ANY (ARRAY(SELECT a.tid FROM picked a)) AND j.ctid = p.tid AND j.version = p.version
-    RETURNING j.id, j.version, j.workflow_id, j.last_position, j.chain, p.data, c.at
+     WHERE j.ctid = ANY (ARRAY(SELECT a.tid FROM picked a))
+    RETURNING j.id, j.version, j.workflow_id, j.last_position, j.chain,
+              jsonb_build_object('attempt', j.attempts) AS data, j.updated_at AS at
 ), missed AS MATERIALIZED (
     SELECT ARRAY(SELECT m.id FROM picked m WHERE m.id NOT IN (SELECT id FROM folded)) AS ids
 ), refolded AS (
@@ -178,9 +179,9 @@ WITH clock AS MATERIALIZED (
     -- update follows the row to the locked version and checks the quals again there
     UPDATE jobs j SET
         -- include: job_fold_claimed
-     WHERE j.id = ANY ((SELECT ids FROM missed)::uuid[]) AND p.id = ANY ((SELECT ids FROM missed)::uuid[])
-       AND j.id = p.id AND j.version <= p.version
-    RETURNING j.id, j.version, j.workflow_id, j.last_position, j.chain, p.data, c.at
+     WHERE j.id = ANY ((SELECT ids FROM missed)::uuid[])
+    RETURNING j.id, j.version, j.workflow_id, j.last_position, j.chain,
+              jsonb_build_object('attempt', j.attempts) AS data, j.updated_at AS at
 ), confirmed AS MATERIALIZED (
     SELECT jobs_folded((SELECT count(*) FROM picked),
                        (SELECT count(*) FROM folded) + (SELECT count(*) FROM refolded)) AS ok
@@ -203,12 +204,13 @@ SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_se
 -- The fold of a Claimed event (30_fold.sql's rules for it) as job_claim_plain
 -- applies it (included after `UPDATE jobs j SET`): the event's position and
 -- hash become the row's, and the RETURNING of the UPDATE gives them to the INSERT.
-version = j.version + 1, updated_at = c.at, last_position = nextval('events_position_seq'),
-chain = event_hash_fixed(j.chain, j.id, j.version + 1, c.fixed, j.workflow_id, NULL, p.data),
+version = j.version + 1, updated_at = (SELECT at FROM clock), last_position = nextval('events_position_seq'),
+chain = event_hash_fixed(j.chain, j.id, j.version + 1, (SELECT fixed FROM clock), j.workflow_id, NULL,
+                         jsonb_build_object('attempt', j.attempts + 1)),
 status = coalesce(state_target('job', j.status, 'Claimed', NULL),
                   state_refuse('job', j.status, 'Claimed', NULL, j.id)),
-attempts = j.attempts + 1, worker = %(worker)s, heartbeat_at = c.at, started_at = c.at
-  FROM picked p, clock c
+attempts = j.attempts + 1, worker = %(worker)s,
+heartbeat_at = (SELECT at FROM clock), started_at = (SELECT at FROM clock)
 
 -- name: job_claim
 -- The claim is one statement (this one or job_claim_plain). It locks claimable rows with FOR UPDATE SKIP
