@@ -20,7 +20,7 @@ from qforge.commands.manage import cancel_job, retry_job
 from qforge.commands.queues import QueueSettingsSpec, configure_queue
 from qforge.commands.report import Report, complete, heartbeat
 from qforge.projections.replay import verify as replay_verify
-from tests.factories import count, event_types, job_row
+from tests.factories import append_raw, count, event_types, job_row
 
 
 def _waiting_on_a_lock(conn, pid: int, timeout: float = 10.0) -> None:
@@ -143,12 +143,6 @@ def test_a_stale_note_fails_the_append_instead_of_skipping_its_fold(conn, folded
     with pytest.raises(psycopg.InternalError, match="folded by their statement"):
         with conn.transaction():
             conn.execute("SELECT set_config('qforge.folded', %s, true)", (folded,))
-            claim_by_events(conn, job.id)
+            append_raw(conn, "job", job.id, 2, "Claimed", {"attempt": 1})  # folded by events_project()
     assert job_row(conn, job.id)["version"] == 1
 
-
-def claim_by_events(conn, job_id) -> None:
-    """A Claimed event appended by a plain INSERT (folded by events_project())."""
-    from tests.factories import append_raw
-
-    append_raw(conn, "job", job_id, 2, "Claimed", {"attempt": 1})

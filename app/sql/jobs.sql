@@ -443,9 +443,10 @@ SELECT p.id, p.task, p.queue, p.payload, p.attempts + 1 AS attempt, p.timeout_se
  ORDER BY p.priority DESC, p.vstart, p.nth, p.key_served_at NULLS FIRST, p.rot, p.run_at, p.id
 
 -- name: job_current_attempt
--- The fence of the four reports (job_heartbeat, job_complete, job_fail,
--- job_release; included where they say `-- include: job_current_attempt`,
--- inside a CTE `fenced`, after a CTE `fence(event)` naming their event type):
+-- The fence of the reports that lock before they append (job_heartbeat,
+-- job_fail, job_release; included where they say `-- include: job_current_attempt`,
+-- inside a CTE `fenced`, after a CTE `fence(event)` naming their event type;
+-- job_complete fences on the same terms in the UPDATE that folds it):
 -- the reported jobs whose current attempt the report names and whose status
 -- allows that event, locked in id order (so two reporters cannot deadlock),
 -- with the report's fields and the statement's time. A report for a
@@ -469,7 +470,7 @@ SELECT j.id, j.version, j.workflow_id, j.chain, j.attempts, j.free_attempts, j.m
    FOR UPDATE OF j
 
 -- name: job_report_append
--- The event of job_heartbeat, job_complete and job_release (included where
+-- The event of job_heartbeat and job_release (included where
 -- they say `-- include: job_report_append`, after their CTE `target`: the
 -- fenced rows and each one's event data), chained to the job's last hash.
 INSERT INTO events (stream_type, stream_id, version, type, data, workflow_id, occurred_at, actor, hash)

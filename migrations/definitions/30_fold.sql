@@ -73,7 +73,7 @@ END $$;
 
 -- The claim's and the completion's hot paths (job_claim_plain, job_complete in
 -- app/sql/jobs.sql) fold their own events in their own statement: the rows they
--- locked, found by their address, with the rules of one event type (below, in
+-- lock, with the rules of one event type (below, in
 -- the job UPDATE, the same rules for every type). Such a statement says so with
 -- jobs_folded(expected, applied): it fails the statement unless every event was
 -- applied, then leaves for events_project() (at the end of that statement) the
